@@ -10,7 +10,9 @@ pub const CONDITION_READY: &str = "Ready";
 /// A tier of the network topology tree, from the closest (one node) to the widest.
 ///
 /// A gang is packed into the lowest tier that holds all of its members.
-#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash,
+)]
 pub enum Tier {
     /// One Kubernetes node.
     Node,
@@ -24,7 +26,12 @@ pub enum Tier {
 
 impl Tier {
     /// Every tier, from the closest to the widest.
-    pub const ALL: [Tier; 4] = [Tier::Node, Tier::HyperNode, Tier::LeafSwitch, Tier::NetworkPod];
+    pub const ALL: [Tier; 4] = [
+        Tier::Node,
+        Tier::HyperNode,
+        Tier::LeafSwitch,
+        Tier::NetworkPod,
+    ];
 }
 
 /// Sets the condition of `condition.type_` in `conditions`, keeping its `lastTransitionTime` when
@@ -70,7 +77,10 @@ mod tests {
     fn same_status_keeps_transition_time() {
         let mut conditions = vec![ready("True", 10, "a")];
         assert!(set_condition(&mut conditions, ready("True", 20, "b")));
-        assert_eq!(conditions[0].last_transition_time, ready("True", 10, "").last_transition_time);
+        assert_eq!(
+            conditions[0].last_transition_time,
+            ready("True", 10, "").last_transition_time
+        );
         assert_eq!(conditions[0].message, "b");
         assert!(!set_condition(&mut conditions, ready("True", 30, "b")));
     }
@@ -80,6 +90,9 @@ mod tests {
         let mut conditions = vec![ready("True", 10, "a")];
         assert!(set_condition(&mut conditions, ready("False", 20, "a")));
         assert_eq!(conditions.len(), 1);
-        assert_eq!(conditions[0].last_transition_time, ready("False", 20, "").last_transition_time);
+        assert_eq!(
+            conditions[0].last_transition_time,
+            ready("False", 20, "").last_transition_time
+        );
     }
 }

@@ -32,13 +32,30 @@ fn default_highest_tier() -> Tier {
     doc = "A set of pods that is placed all at once or not at all.",
     printcolumn(name = "Min", type_ = "integer", json_path = ".spec.minMember"),
     printcolumn(name = "Seen", type_ = "integer", json_path = ".status.members.seen"),
-    printcolumn(name = "Reserved", type_ = "integer", json_path = ".status.members.reserved"),
+    printcolumn(
+        name = "Reserved",
+        type_ = "integer",
+        json_path = ".status.members.reserved"
+    ),
     printcolumn(name = "Bound", type_ = "integer", json_path = ".status.members.bound"),
-    printcolumn(name = "Running", type_ = "integer", json_path = ".status.members.running"),
+    printcolumn(
+        name = "Running",
+        type_ = "integer",
+        json_path = ".status.members.running"
+    ),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
-    printcolumn(name = "Tier", type_ = "string", json_path = ".status.placement.tier", description = "tier the gang was placed in"),
+    printcolumn(
+        name = "Tier",
+        type_ = "string",
+        json_path = ".status.placement.tier",
+        description = "tier the gang was placed in"
+    ),
     printcolumn(name = "Attempts", type_ = "integer", json_path = ".status.attempts"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 pub struct GangGroupSpec {

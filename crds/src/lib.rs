@@ -4,13 +4,18 @@
 //! them by `cargo run -p runtimekit-crds --bin crdgen` and a test fails when it is stale. Every
 //! field carries a `///` comment because it becomes the description `kubectl explain` shows.
 
+// The printer columns repeat `type_ = "integer"`, which clippy mistakes for duplicated attributes.
+#![allow(clippy::duplicated_attributes)]
+
 mod common;
 mod gang_group;
 mod gpu_slice;
 mod topology_group;
 
 pub use common::{CONDITION_READY, Tier, set_condition};
-pub use gang_group::{GangGroup, GangGroupSpec, GangGroupStatus, GangMembers, GangPhase, GangPlacement};
+pub use gang_group::{
+    GangGroup, GangGroupSpec, GangGroupStatus, GangMembers, GangPhase, GangPlacement,
+};
 pub use gpu_slice::{
     CardRef, GpuSlice, GpuSliceSpec, GpuSliceStatus, MigInstanceRef, PodRef, SliceMode, SlicePhase,
 };

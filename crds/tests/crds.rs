@@ -1,8 +1,8 @@
 //! The committed CRD YAML matches the Rust types, and every CEL rule in the schemas rejects what
 //! it should (checked client-side here; the e2e suite checks the same against a real apiserver).
 
-use kube::core::cel::validate_cel_update;
 use kube::core::cel::validate_cel as validate;
+use kube::core::cel::validate_cel_update;
 use runtimekit_crds::{GangGroup, GpuSlice, TopologyGroup};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -27,9 +27,28 @@ fn crds_have_status_short_names_and_columns() {
     for crd in runtimekit_crds::all() {
         let version = &crd.spec.versions[0];
         assert_eq!(version.name, "v1alpha1");
-        assert!(version.subresources.as_ref().and_then(|s| s.status.as_ref()).is_some(), "{} has a status subresource", crd.spec.names.kind);
-        assert!(crd.spec.names.short_names.as_ref().is_some_and(|s| !s.is_empty()));
-        assert!(version.additional_printer_columns.as_ref().is_some_and(|c| c.len() >= 6));
+        assert!(
+            version
+                .subresources
+                .as_ref()
+                .and_then(|s| s.status.as_ref())
+                .is_some(),
+            "{} has a status subresource",
+            crd.spec.names.kind
+        );
+        assert!(
+            crd.spec
+                .names
+                .short_names
+                .as_ref()
+                .is_some_and(|s| !s.is_empty())
+        );
+        assert!(
+            version
+                .additional_printer_columns
+                .as_ref()
+                .is_some_and(|c| c.len() >= 6)
+        );
     }
     let columns: Vec<String> = runtimekit_crds::all()[0].spec.versions[0]
         .additional_printer_columns
@@ -37,7 +56,12 @@ fn crds_have_status_short_names_and_columns() {
         .flatten()
         .map(|c| c.name.to_uppercase())
         .collect();
-    assert_eq!(columns, ["NODE", "CARD", "MODE", "CORE", "MEMORY", "PROFILE", "POD", "PHASE", "AGE"]);
+    assert_eq!(
+        columns,
+        [
+            "NODE", "CARD", "MODE", "CORE", "MEMORY", "PROFILE", "POD", "PHASE", "AGE"
+        ]
+    );
 }
 
 fn object<T: DeserializeOwned>(kind: &str, spec: Value) -> T {
@@ -52,7 +76,10 @@ fn object<T: DeserializeOwned>(kind: &str, spec: Value) -> T {
 
 /// The messages of the rules `obj` breaks on creation.
 fn broken<T: kube::CustomResourceExt + Serialize>(obj: &T) -> Vec<String> {
-    validate(obj).err().map(|e| e.into_vec().into_iter().map(|e| e.message).collect()).unwrap_or_default()
+    validate(obj)
+        .err()
+        .map(|e| e.into_vec().into_iter().map(|e| e.message).collect())
+        .unwrap_or_default()
 }
 
 fn slice(spec: Value) -> GpuSlice {
@@ -84,22 +111,64 @@ fn valid_slices_pass() {
 #[test]
 fn slice_rules_break() {
     for (spec, message) in [
-        (json!({"mode": "TDM", "core": 0}), "core must be between 1 and 100 (percent of one card)"),
-        (json!({"mode": "TDM", "core": 101}), "core must be between 1 and 100 (percent of one card)"),
-        (json!({"mode": "TDM", "memory": "4G"}), "memory must be a positive whole number of Mi or Gi, such as 4Gi or 512Mi"),
-        (json!({"mode": "TDM", "memory": "0Gi"}), "memory must be a positive whole number of Mi or Gi, such as 4Gi or 512Mi"),
-        (json!({"mode": "MIG", "slices": 5, "migProfile": "5g.50gb", "migPlacementStart": 0}), "slices must be one of 1, 2, 3, 4, 7"),
-        (json!({"mode": "MIG", "slices": 3, "migProfile": "3g.40gb", "migPlacementStart": 2}), "migPlacementStart is not a legal start for this slice count (1: 0-6, 2: 0/2/4, 3: 0/4, 4 and 7: 0)"),
-        (json!({"mode": "MIG", "slices": 4, "migProfile": "4g.40gb", "migPlacementStart": 4}), "migPlacementStart is not a legal start for this slice count (1: 0-6, 2: 0/2/4, 3: 0/4, 4 and 7: 0)"),
-        (json!({"mode": "MIG", "slices": 1, "migProfile": "1g.10gb", "migPlacementStart": 9}), "migPlacementStart must be between 0 and 7"),
-        (json!({"mode": "MIG", "slices": 1, "migProfile": "big", "migPlacementStart": 0}), "migProfile must look like 3g.40gb"),
-        (json!({"mode": "MIG", "slices": 3}), "a MIG slice needs slices, migProfile and migPlacementStart, and carries no core"),
-        (json!({"mode": "MIG", "slices": 3, "migProfile": "3g.40gb", "migPlacementStart": 0, "core": 50}), "a MIG slice needs slices, migProfile and migPlacementStart, and carries no core"),
-        (json!({"mode": "TDM", "core": 50, "slices": 1}), "a TDM slice carries no slices, migProfile or migPlacementStart"),
-        (json!({"mode": "Whole", "core": 50}), "a Whole slice takes the whole card: it carries no core, slices, migProfile or migPlacementStart"),
+        (
+            json!({"mode": "TDM", "core": 0}),
+            "core must be between 1 and 100 (percent of one card)",
+        ),
+        (
+            json!({"mode": "TDM", "core": 101}),
+            "core must be between 1 and 100 (percent of one card)",
+        ),
+        (
+            json!({"mode": "TDM", "memory": "4G"}),
+            "memory must be a positive whole number of Mi or Gi, such as 4Gi or 512Mi",
+        ),
+        (
+            json!({"mode": "TDM", "memory": "0Gi"}),
+            "memory must be a positive whole number of Mi or Gi, such as 4Gi or 512Mi",
+        ),
+        (
+            json!({"mode": "MIG", "slices": 5, "migProfile": "5g.50gb", "migPlacementStart": 0}),
+            "slices must be one of 1, 2, 3, 4, 7",
+        ),
+        (
+            json!({"mode": "MIG", "slices": 3, "migProfile": "3g.40gb", "migPlacementStart": 2}),
+            "migPlacementStart is not a legal start for this slice count (1: 0-6, 2: 0/2/4, 3: 0/4, 4 and 7: 0)",
+        ),
+        (
+            json!({"mode": "MIG", "slices": 4, "migProfile": "4g.40gb", "migPlacementStart": 4}),
+            "migPlacementStart is not a legal start for this slice count (1: 0-6, 2: 0/2/4, 3: 0/4, 4 and 7: 0)",
+        ),
+        (
+            json!({"mode": "MIG", "slices": 1, "migProfile": "1g.10gb", "migPlacementStart": 9}),
+            "migPlacementStart must be between 0 and 7",
+        ),
+        (
+            json!({"mode": "MIG", "slices": 1, "migProfile": "big", "migPlacementStart": 0}),
+            "migProfile must look like 3g.40gb",
+        ),
+        (
+            json!({"mode": "MIG", "slices": 3}),
+            "a MIG slice needs slices, migProfile and migPlacementStart, and carries no core",
+        ),
+        (
+            json!({"mode": "MIG", "slices": 3, "migProfile": "3g.40gb", "migPlacementStart": 0, "core": 50}),
+            "a MIG slice needs slices, migProfile and migPlacementStart, and carries no core",
+        ),
+        (
+            json!({"mode": "TDM", "core": 50, "slices": 1}),
+            "a TDM slice carries no slices, migProfile or migPlacementStart",
+        ),
+        (
+            json!({"mode": "Whole", "core": 50}),
+            "a Whole slice takes the whole card: it carries no core, slices, migProfile or migPlacementStart",
+        ),
     ] {
         let messages = broken(&slice(spec.clone()));
-        assert!(messages.iter().any(|m| m == message), "{spec}: expected {message:?}, got {messages:?}");
+        assert!(
+            messages.iter().any(|m| m == message),
+            "{spec}: expected {message:?}, got {messages:?}"
+        );
     }
 }
 
@@ -109,12 +178,22 @@ fn slice_node_and_card_are_immutable_once_set() {
     let mut moved = old.clone();
     moved.spec.node_name = Some("n2".into());
     let errors = validate_cel_update(&moved, &old).expect_err("node changed");
-    assert!(errors.into_vec().iter().any(|e| e.message == "spec.nodeName is immutable once set"));
+    assert!(
+        errors
+            .into_vec()
+            .iter()
+            .any(|e| e.message == "spec.nodeName is immutable once set")
+    );
 
     let mut other_card = old.clone();
     other_card.spec.card.as_mut().expect("card").index = 3;
     let errors = validate_cel_update(&other_card, &old).expect_err("card changed");
-    assert!(errors.into_vec().iter().any(|e| e.message == "spec.card is immutable once set"));
+    assert!(
+        errors
+            .into_vec()
+            .iter()
+            .any(|e| e.message == "spec.card is immutable once set")
+    );
 
     // Setting them for the first time is allowed.
     let mut unset = old.clone();
@@ -129,17 +208,42 @@ fn group(spec: Value) -> TopologyGroup {
 
 #[test]
 fn topology_tier_rules_break() {
-    assert!(broken(&group(json!({"tier": "Node", "nodeName": "n1", "parent": "hn-1"}))).is_empty());
-    assert!(broken(&group(json!({"tier": "HyperNode", "members": ["n1", "n2"], "parent": "leaf-1"}))).is_empty());
+    assert!(
+        broken(&group(
+            json!({"tier": "Node", "nodeName": "n1", "parent": "hn-1"})
+        ))
+        .is_empty()
+    );
+    assert!(
+        broken(&group(
+            json!({"tier": "HyperNode", "members": ["n1", "n2"], "parent": "leaf-1"})
+        ))
+        .is_empty()
+    );
     assert!(broken(&group(json!({"tier": "NetworkPod"}))).is_empty());
     for (spec, message) in [
-        (json!({"tier": "Node"}), "nodeName is required for tier Node and not allowed for higher tiers"),
-        (json!({"tier": "LeafSwitch", "nodeName": "n1"}), "nodeName is required for tier Node and not allowed for higher tiers"),
-        (json!({"tier": "Node", "nodeName": "n1", "members": ["n2"]}), "a Node group has no members; higher tiers list theirs"),
-        (json!({"tier": "NetworkPod", "parent": "dc"}), "NetworkPod is the widest tier and has no parent"),
+        (
+            json!({"tier": "Node"}),
+            "nodeName is required for tier Node and not allowed for higher tiers",
+        ),
+        (
+            json!({"tier": "LeafSwitch", "nodeName": "n1"}),
+            "nodeName is required for tier Node and not allowed for higher tiers",
+        ),
+        (
+            json!({"tier": "Node", "nodeName": "n1", "members": ["n2"]}),
+            "a Node group has no members; higher tiers list theirs",
+        ),
+        (
+            json!({"tier": "NetworkPod", "parent": "dc"}),
+            "NetworkPod is the widest tier and has no parent",
+        ),
     ] {
         let messages = broken(&group(spec.clone()));
-        assert!(messages.iter().any(|m| m == message), "{spec}: expected {message:?}, got {messages:?}");
+        assert!(
+            messages.iter().any(|m| m == message),
+            "{spec}: expected {message:?}, got {messages:?}"
+        );
     }
 }
 
@@ -148,10 +252,22 @@ fn topology_tier_and_node_are_immutable() {
     let old = group(json!({"tier": "Node", "nodeName": "n1"}));
     let mut renamed = old.clone();
     renamed.spec.node_name = Some("n2".into());
-    assert!(validate_cel_update(&renamed, &old).expect_err("node changed").into_vec().iter().any(|e| e.message == "spec.nodeName is immutable once set"));
+    assert!(
+        validate_cel_update(&renamed, &old)
+            .expect_err("node changed")
+            .into_vec()
+            .iter()
+            .any(|e| e.message == "spec.nodeName is immutable once set")
+    );
     let old = group(json!({"tier": "HyperNode"}));
     let retiered = group(json!({"tier": "LeafSwitch"}));
-    assert!(validate_cel_update(&retiered, &old).expect_err("tier changed").into_vec().iter().any(|e| e.message == "tier is immutable"));
+    assert!(
+        validate_cel_update(&retiered, &old)
+            .expect_err("tier changed")
+            .into_vec()
+            .iter()
+            .any(|e| e.message == "tier is immutable")
+    );
 }
 
 #[test]
@@ -162,10 +278,19 @@ fn gang_rules_break_and_defaults_apply() {
     assert!(broken(&gang).is_empty());
     for (spec, message) in [
         (json!({"minMember": 0}), "minMember must be at least 1"),
-        (json!({"minMember": 2, "timeoutSeconds": 0}), "timeoutSeconds must be between 1 and 86400"),
-        (json!({"minMember": 2, "timeoutSeconds": 100000}), "timeoutSeconds must be between 1 and 86400"),
+        (
+            json!({"minMember": 2, "timeoutSeconds": 0}),
+            "timeoutSeconds must be between 1 and 86400",
+        ),
+        (
+            json!({"minMember": 2, "timeoutSeconds": 100000}),
+            "timeoutSeconds must be between 1 and 86400",
+        ),
     ] {
         let messages = broken(&object::<GangGroup>("GangGroup", spec.clone()));
-        assert!(messages.iter().any(|m| m == message), "{spec}: expected {message:?}, got {messages:?}");
+        assert!(
+            messages.iter().any(|m| m == message),
+            "{spec}: expected {message:?}, got {messages:?}"
+        );
     }
 }

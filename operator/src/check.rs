@@ -38,14 +38,24 @@ pub fn run(paths: &[PathBuf], config: Option<&Path>) -> ExitCode {
             }
         }
     }
-    if broken == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+    if broken == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
 }
 
 fn load_config(path: Option<&Path>) -> Result<RuntimeKitConfig, String> {
-    let Some(path) = path else { return Ok(RuntimeKitConfig::default()) };
-    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let config: RuntimeKitConfig = serde_yaml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-    config.validate().map_err(|e| format!("{}: {e}", path.display()))?;
+    let Some(path) = path else {
+        return Ok(RuntimeKitConfig::default());
+    };
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let config: RuntimeKitConfig =
+        serde_yaml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    config
+        .validate()
+        .map_err(|e| format!("{}: {e}", path.display()))?;
     Ok(config)
 }
 
@@ -93,25 +103,44 @@ fn check_document(file: &Path, doc: &Value, config: &RuntimeKitConfig) -> usize 
         println!("{}: {}", file.display(), candidate.what);
         let result = parse_pod(&candidate.pod, config).and_then(|request| {
             if let (Some(gang), Some((job, parallelism))) = (&request.gang, &candidate.job) {
-                check_gang_size(&names, gang, job, *parallelism)
-                    .map_err(|violation| ContractError { findings: vec![runtimekit_contract::Finding { container: None, violation }] })?;
+                check_gang_size(&names, gang, job, *parallelism).map_err(|violation| {
+                    ContractError {
+                        findings: vec![runtimekit_contract::Finding {
+                            container: None,
+                            violation,
+                        }],
+                    }
+                })?;
             }
             Ok(request)
         });
         match result {
             Ok(request) => {
                 if !request.ours && request.wants_cards() {
-                    println!("  left to the default scheduler (schedulerName is not {})", config.scheduler_name);
+                    println!(
+                        "  left to the default scheduler (schedulerName is not {})",
+                        config.scheduler_name
+                    );
                 }
                 if !request.wants_cards() {
                     println!("  asks for no cards");
                 }
                 for container in &request.containers {
-                    let rdma = if container.rdma { ", with the nearest RDMA NICs" } else { "" };
-                    println!("  container {}: {}{rdma}", container.container, container.cards);
+                    let rdma = if container.rdma {
+                        ", with the nearest RDMA NICs"
+                    } else {
+                        ""
+                    };
+                    println!(
+                        "  container {}: {}{rdma}",
+                        container.container, container.cards
+                    );
                 }
                 if let Some(gang) = &request.gang {
-                    println!("  gang {}: placed together with {} members in all", gang.name, gang.min_member);
+                    println!(
+                        "  gang {}: placed together with {} members in all",
+                        gang.name, gang.min_member
+                    );
                 }
                 for warning in &request.warnings {
                     println!("  warning: {warning}");
@@ -138,32 +167,59 @@ fn candidates(kind: &str, name: &str, doc: &Value) -> Result<Vec<Candidate>, Str
         serde_yaml::from_value(value).map_err(|e| format!("not a pod: {e}"))
     };
     match kind {
-        "Pod" => Ok(vec![Candidate { what: format!("Pod {name}"), pod: pod_from(doc)?, job: None }]),
+        "Pod" => Ok(vec![Candidate {
+            what: format!("Pod {name}"),
+            pod: pod_from(doc)?,
+            job: None,
+        }]),
         "JobSet" => {
-            let jobs = doc["spec"]["replicatedJobs"].as_sequence().ok_or("has no spec.replicatedJobs")?;
+            let jobs = doc["spec"]["replicatedJobs"]
+                .as_sequence()
+                .ok_or("has no spec.replicatedJobs")?;
             jobs.iter()
                 .map(|job| {
                     let job_name = job["name"].as_str().unwrap_or("(unnamed)");
                     let spec = &job["template"]["spec"];
                     let mut template: PodTemplateSpec =
-                        serde_yaml::from_value(spec["template"].clone()).map_err(|e| format!("replicated job {job_name}: {e}"))?;
+                        serde_yaml::from_value(spec["template"].clone())
+                            .map_err(|e| format!("replicated job {job_name}: {e}"))?;
                     // The JobSet controller labels every pod with the JobSet's name.
                     let mut metadata = template.metadata.take().unwrap_or_default();
-                    metadata.labels.get_or_insert_default().insert(JOBSET_NAME_LABEL.into(), name.into());
-                    let parallelism = spec["parallelism"].as_i64().and_then(|p| i32::try_from(p).ok()).unwrap_or(1);
+                    metadata
+                        .labels
+                        .get_or_insert_default()
+                        .insert(JOBSET_NAME_LABEL.into(), name.into());
+                    let parallelism = spec["parallelism"]
+                        .as_i64()
+                        .and_then(|p| i32::try_from(p).ok())
+                        .unwrap_or(1);
                     Ok(Candidate {
-                        what: format!("JobSet {name}, replicated job {job_name} ({parallelism} in parallel)"),
-                        pod: Pod { metadata, spec: template.spec, status: None },
+                        what: format!(
+                            "JobSet {name}, replicated job {job_name} ({parallelism} in parallel)"
+                        ),
+                        pod: Pod {
+                            metadata,
+                            spec: template.spec,
+                            status: None,
+                        },
                         job: Some((job_name.into(), parallelism)),
                     })
                 })
                 .collect()
         }
         _ if doc["spec"]["template"].is_mapping() => {
-            let template: PodTemplateSpec =
-                serde_yaml::from_value(doc["spec"]["template"].clone()).map_err(|e| format!("pod template: {e}"))?;
-            let pod = Pod { metadata: template.metadata.unwrap_or_default(), spec: template.spec, status: None };
-            Ok(vec![Candidate { what: format!("{kind} {name} (pod template)"), pod, job: None }])
+            let template: PodTemplateSpec = serde_yaml::from_value(doc["spec"]["template"].clone())
+                .map_err(|e| format!("pod template: {e}"))?;
+            let pod = Pod {
+                metadata: template.metadata.unwrap_or_default(),
+                spec: template.spec,
+                status: None,
+            };
+            Ok(vec![Candidate {
+                what: format!("{kind} {name} (pod template)"),
+                pod,
+                job: None,
+            }])
         }
         _ => Err("is not a Pod, a JobSet or a workload with a pod template".into()),
     }

@@ -144,7 +144,13 @@ pub struct ResourceNames {
 impl ResourceNames {
     /// The resources this project defines under its prefix.
     pub fn own_resources(&self) -> [&str; 5] {
-        [&self.gpu_core, &self.gpu_memory, &self.gpu_slice, &self.gpu, &self.rdma]
+        [
+            &self.gpu_core,
+            &self.gpu_memory,
+            &self.gpu_slice,
+            &self.gpu,
+            &self.rdma,
+        ]
     }
 
     /// Whether `name` is a GPU resource the contract governs: `nvidia.com/gpu`, or a `gpu*` or
@@ -165,7 +171,9 @@ fn is_dns_subdomain(s: &str) -> bool {
         && s.split('.').all(|label| {
             !label.is_empty()
                 && label.len() <= 63
-                && label.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
                 && !label.starts_with('-')
                 && !label.ends_with('-')
         })
@@ -177,18 +185,33 @@ mod tests {
 
     #[test]
     fn prefix_renames_everything() {
-        let config = RuntimeKitConfig { resource_prefix: "example.org".into(), ..Default::default() };
+        let config = RuntimeKitConfig {
+            resource_prefix: "example.org".into(),
+            ..Default::default()
+        };
         let names = config.names();
         assert_eq!(names.gpu_core, "example.org/gpu-core");
         assert_eq!(names.min_member_label, "example.org/min-member");
-        assert!(names.own_resources().iter().all(|n| n.starts_with("example.org/")));
+        assert!(
+            names
+                .own_resources()
+                .iter()
+                .all(|n| n.starts_with("example.org/"))
+        );
     }
 
     #[test]
     fn invalid_prefixes_are_refused() {
         for prefix in ["", "Aliyun.com", "-a.com", "a..com", "a/b", &"x".repeat(64)] {
-            let config = RuntimeKitConfig { resource_prefix: prefix.into(), ..Default::default() };
-            assert_eq!(config.validate(), Err(ConfigError::InvalidPrefix(prefix.into())), "{prefix}");
+            let config = RuntimeKitConfig {
+                resource_prefix: prefix.into(),
+                ..Default::default()
+            };
+            assert_eq!(
+                config.validate(),
+                Err(ConfigError::InvalidPrefix(prefix.into())),
+                "{prefix}"
+            );
         }
         assert_eq!(RuntimeKitConfig::default().validate(), Ok(()));
     }

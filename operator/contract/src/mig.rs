@@ -37,7 +37,11 @@ impl MigProfile {
 
     /// The memory-slice bitmap of an instance of this profile at `start`.
     pub fn mask_at(&self, start: u8) -> u8 {
-        let span = if self.memory_slices >= 8 { u8::MAX } else { (1u8 << self.memory_slices) - 1 };
+        let span = if self.memory_slices >= 8 {
+            u8::MAX
+        } else {
+            (1u8 << self.memory_slices) - 1
+        };
         span << start
     }
 }
@@ -67,7 +71,11 @@ pub struct Placement {
 impl Placement {
     /// The memory-slice bitmap of this instance.
     pub fn mask(&self) -> u8 {
-        let span = if self.memory_slices >= 8 { u8::MAX } else { (1u8 << self.memory_slices) - 1 };
+        let span = if self.memory_slices >= 8 {
+            u8::MAX
+        } else {
+            (1u8 << self.memory_slices) - 1
+        };
         span << self.start
     }
 }
@@ -77,10 +85,22 @@ impl Placement {
 pub enum MigError {
     /// The model has no profile with this many compute slices.
     #[error("{model} has no {slices}-slice MIG profile (it offers {offered})")]
-    NoSuchSlices { model: &'static str, slices: u8, offered: String },
+    NoSuchSlices {
+        model: &'static str,
+        slices: u8,
+        offered: String,
+    },
     /// Every profile with this many slices has less memory than asked.
-    #[error("{model}'s largest {slices}-slice MIG profile {largest} offers {largest_gib} GiB, less than the {asked_mib} MiB asked")]
-    NotEnoughMemory { model: &'static str, slices: u8, largest: &'static str, largest_gib: u32, asked_mib: u64 },
+    #[error(
+        "{model}'s largest {slices}-slice MIG profile {largest} offers {largest_gib} GiB, less than the {asked_mib} MiB asked"
+    )]
+    NotEnoughMemory {
+        model: &'static str,
+        slices: u8,
+        largest: &'static str,
+        largest_gib: u32,
+        asked_mib: u64,
+    },
 }
 
 const STARTS_1: &[u8] = &[0, 1, 2, 3, 4, 5, 6];
@@ -93,12 +113,48 @@ const STARTS_0: &[u8] = &[0];
 macro_rules! seven_slice_profiles {
     ($g1:literal, $g1d:literal, $g2:literal, $g3:literal, $g4:literal, $g7:literal) => {
         &[
-            MigProfile { name: concat!("1g.", $g1, "gb"), slices: 1, memory_slices: 1, memory_gib: $g1, starts: STARTS_1 },
-            MigProfile { name: concat!("1g.", $g1d, "gb"), slices: 1, memory_slices: 2, memory_gib: $g1d, starts: STARTS_1_DOUBLE },
-            MigProfile { name: concat!("2g.", $g2, "gb"), slices: 2, memory_slices: 2, memory_gib: $g2, starts: STARTS_2 },
-            MigProfile { name: concat!("3g.", $g3, "gb"), slices: 3, memory_slices: 4, memory_gib: $g3, starts: STARTS_3 },
-            MigProfile { name: concat!("4g.", $g4, "gb"), slices: 4, memory_slices: 4, memory_gib: $g4, starts: STARTS_0 },
-            MigProfile { name: concat!("7g.", $g7, "gb"), slices: 7, memory_slices: 8, memory_gib: $g7, starts: STARTS_0 },
+            MigProfile {
+                name: concat!("1g.", $g1, "gb"),
+                slices: 1,
+                memory_slices: 1,
+                memory_gib: $g1,
+                starts: STARTS_1,
+            },
+            MigProfile {
+                name: concat!("1g.", $g1d, "gb"),
+                slices: 1,
+                memory_slices: 2,
+                memory_gib: $g1d,
+                starts: STARTS_1_DOUBLE,
+            },
+            MigProfile {
+                name: concat!("2g.", $g2, "gb"),
+                slices: 2,
+                memory_slices: 2,
+                memory_gib: $g2,
+                starts: STARTS_2,
+            },
+            MigProfile {
+                name: concat!("3g.", $g3, "gb"),
+                slices: 3,
+                memory_slices: 4,
+                memory_gib: $g3,
+                starts: STARTS_3,
+            },
+            MigProfile {
+                name: concat!("4g.", $g4, "gb"),
+                slices: 4,
+                memory_slices: 4,
+                memory_gib: $g4,
+                starts: STARTS_0,
+            },
+            MigProfile {
+                name: concat!("7g.", $g7, "gb"),
+                slices: 7,
+                memory_slices: 8,
+                memory_gib: $g7,
+                starts: STARTS_0,
+            },
         ]
     };
 }
@@ -107,9 +163,27 @@ macro_rules! seven_slice_profiles {
 macro_rules! four_slice_profiles {
     ($g1:literal, $g2:literal, $g4:literal) => {
         &[
-            MigProfile { name: concat!("1g.", $g1, "gb"), slices: 1, memory_slices: 1, memory_gib: $g1, starts: &[0, 1, 2, 3] },
-            MigProfile { name: concat!("2g.", $g2, "gb"), slices: 2, memory_slices: 2, memory_gib: $g2, starts: &[0, 2] },
-            MigProfile { name: concat!("4g.", $g4, "gb"), slices: 4, memory_slices: 4, memory_gib: $g4, starts: STARTS_0 },
+            MigProfile {
+                name: concat!("1g.", $g1, "gb"),
+                slices: 1,
+                memory_slices: 1,
+                memory_gib: $g1,
+                starts: &[0, 1, 2, 3],
+            },
+            MigProfile {
+                name: concat!("2g.", $g2, "gb"),
+                slices: 2,
+                memory_slices: 2,
+                memory_gib: $g2,
+                starts: &[0, 2],
+            },
+            MigProfile {
+                name: concat!("4g.", $g4, "gb"),
+                slices: 4,
+                memory_slices: 4,
+                memory_gib: $g4,
+                starts: STARTS_0,
+            },
         ]
     };
 }
@@ -151,8 +225,17 @@ pub static RTX_PRO_6000: MigTable = four!("RTX-PRO-6000-96GB", 24, 48, 96);
 
 /// Every table, for listings and tests.
 pub static ALL_TABLES: [&MigTable; 11] = [
-    &A100_40GB, &A100_80GB, &A30_24GB, &H100_80GB, &H800_80GB, &H100_94GB, &H100_96GB, &H200_141GB,
-    &B200_180GB, &B300_288GB, &RTX_PRO_6000,
+    &A100_40GB,
+    &A100_80GB,
+    &A30_24GB,
+    &H100_80GB,
+    &H800_80GB,
+    &H100_94GB,
+    &H100_96GB,
+    &H200_141GB,
+    &B200_180GB,
+    &B300_288GB,
+    &RTX_PRO_6000,
 ];
 
 const GIB: u64 = 1024;
@@ -162,10 +245,17 @@ const GIB: u64 = 1024;
 /// apart the memory variants of one model. `None` means the model has no MIG, or no public table.
 pub fn table_for(product_name: &str, memory_mib: u64) -> Option<&'static MigTable> {
     let upper = product_name.to_ascii_uppercase();
-    let tokens: Vec<&str> = upper.split(|c: char| c == ' ' || c == '-' || c == '_').filter(|t| !t.is_empty()).collect();
+    let tokens: Vec<&str> = upper
+        .split([' ', '-', '_'])
+        .filter(|t| !t.is_empty())
+        .collect();
     let has = |t: &str| tokens.contains(&t);
     if has("A100") || has("A800") {
-        return Some(if memory_mib <= 48 * GIB { &A100_40GB } else { &A100_80GB });
+        return Some(if memory_mib <= 48 * GIB {
+            &A100_40GB
+        } else {
+            &A100_80GB
+        });
     }
     if has("A30") {
         return Some(&A30_24GB);
@@ -201,10 +291,22 @@ pub fn table_for(product_name: &str, memory_mib: u64) -> Option<&'static MigTabl
 impl MigTable {
     /// The smallest profile with `slices` compute slices whose memory covers `memory_mib`
     /// (any memory when `None`): `gpu-slice: 1` with `gpu-memory: 15` picks 1g.20gb over 1g.10gb.
-    pub fn pick_profile(&self, slices: u8, memory_mib: Option<u64>) -> Result<&'static MigProfile, MigError> {
-        let mut candidates = self.profiles.iter().filter(|p| p.slices == slices).peekable();
+    pub fn pick_profile(
+        &self,
+        slices: u8,
+        memory_mib: Option<u64>,
+    ) -> Result<&'static MigProfile, MigError> {
+        let mut candidates = self
+            .profiles
+            .iter()
+            .filter(|p| p.slices == slices)
+            .peekable();
         if candidates.peek().is_none() {
-            return Err(MigError::NoSuchSlices { model: self.model, slices, offered: self.offered() });
+            return Err(MigError::NoSuchSlices {
+                model: self.model,
+                slices,
+                offered: self.offered(),
+            });
         }
         let asked = memory_mib.unwrap_or(0);
         let mut largest = None;
@@ -273,7 +375,11 @@ impl MigTable {
     }
 
     fn offered(&self) -> String {
-        self.profiles.iter().map(|p| p.name).collect::<Vec<_>>().join(", ")
+        self.profiles
+            .iter()
+            .map(|p| p.name)
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 }
 
@@ -283,18 +389,36 @@ mod tests {
 
     fn place(table: &MigTable, name: &str, start: u8, occupied: u8) -> u8 {
         let profile = table.profile(name).expect("profile exists");
-        assert!(table.legal_starts(profile, occupied).contains(&start), "{name}@{start} on {occupied:08b}");
+        assert!(
+            table.legal_starts(profile, occupied).contains(&start),
+            "{name}@{start} on {occupied:08b}"
+        );
         occupied | profile.mask_at(start)
     }
 
     #[test]
     fn spec_profile_names() {
         let names = |t: &MigTable| t.profiles.iter().map(|p| p.name).collect::<Vec<_>>();
-        assert_eq!(names(&A100_40GB), ["1g.5gb", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"]);
+        assert_eq!(
+            names(&A100_40GB),
+            [
+                "1g.5gb", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"
+            ]
+        );
         for t in [&A100_80GB, &H100_80GB, &H800_80GB] {
-            assert_eq!(names(t), ["1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"]);
+            assert_eq!(
+                names(t),
+                [
+                    "1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"
+                ]
+            );
         }
-        assert_eq!(names(&H200_141GB), ["1g.18gb", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"]);
+        assert_eq!(
+            names(&H200_141GB),
+            [
+                "1g.18gb", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"
+            ]
+        );
         assert_eq!(names(&A30_24GB), ["1g.6gb", "2g.12gb", "4g.24gb"]);
     }
 
@@ -347,7 +471,9 @@ mod tests {
 
     #[test]
     fn pick_smallest_profile_whose_memory_suffices() {
-        let pick = |t: &MigTable, s, gib: Option<u64>| t.pick_profile(s, gib.map(|g| g * 1024)).map(|p| p.name);
+        let pick = |t: &MigTable, s, gib: Option<u64>| {
+            t.pick_profile(s, gib.map(|g| g * 1024)).map(|p| p.name)
+        };
         assert_eq!(pick(&H800_80GB, 3, Some(4)), Ok("3g.40gb"));
         assert_eq!(pick(&A100_40GB, 3, Some(4)), Ok("3g.20gb"));
         assert_eq!(pick(&H100_80GB, 1, Some(10)), Ok("1g.10gb"));
@@ -356,12 +482,26 @@ mod tests {
         assert_eq!(pick(&H200_141GB, 7, None), Ok("7g.141gb"));
         assert_eq!(
             pick(&H100_80GB, 2, Some(30)),
-            Err(MigError::NotEnoughMemory { model: "H100-80GB", slices: 2, largest: "2g.20gb", largest_gib: 20, asked_mib: 30 * 1024 })
+            Err(MigError::NotEnoughMemory {
+                model: "H100-80GB",
+                slices: 2,
+                largest: "2g.20gb",
+                largest_gib: 20,
+                asked_mib: 30 * 1024
+            })
         );
-        let err = H100_80GB.pick_profile(2, Some(30 * 1024)).expect_err("too much memory");
-        assert_eq!(err.to_string(), "H100-80GB's largest 2-slice MIG profile 2g.20gb offers 20 GiB, less than the 30720 MiB asked");
+        let err = H100_80GB
+            .pick_profile(2, Some(30 * 1024))
+            .expect_err("too much memory");
+        assert_eq!(
+            err.to_string(),
+            "H100-80GB's largest 2-slice MIG profile 2g.20gb offers 20 GiB, less than the 30720 MiB asked"
+        );
         let err = A30_24GB.pick_profile(3, None).expect_err("A30 has no 3g");
-        assert_eq!(err.to_string(), "A30-24GB has no 3-slice MIG profile (it offers 1g.6gb, 2g.12gb, 4g.24gb)");
+        assert_eq!(
+            err.to_string(),
+            "A30-24GB has no 3-slice MIG profile (it offers 1g.6gb, 2g.12gb, 4g.24gb)"
+        );
     }
 
     #[test]

@@ -31,7 +31,10 @@ pub fn parse_whole(text: &str) -> Result<i64, QuantityError> {
     };
     let (int_part, frac_part) = digits.split_once('.').unwrap_or((digits, ""));
     if int_part.is_empty() && frac_part.is_empty()
-        || !int_part.bytes().chain(frac_part.bytes()).all(|b| b.is_ascii_digit())
+        || !int_part
+            .bytes()
+            .chain(frac_part.bytes())
+            .all(|b| b.is_ascii_digit())
     {
         return Err(QuantityError::Malformed);
     }
@@ -47,9 +50,14 @@ pub fn parse_whole(text: &str) -> Result<i64, QuantityError> {
     let mut value: i128 = if mantissa_digits.is_empty() {
         0
     } else {
-        mantissa_digits.parse().map_err(|_| QuantityError::Malformed)?
+        mantissa_digits
+            .parse()
+            .map_err(|_| QuantityError::Malformed)?
     };
-    value = value.checked_shl(scale.exp2).filter(|v| v >> scale.exp2 == value).ok_or(QuantityError::TooLarge)?;
+    value = value
+        .checked_shl(scale.exp2)
+        .filter(|v| v >> scale.exp2 == value)
+        .ok_or(QuantityError::TooLarge)?;
     let mut exp10 = scale.exp10 - frac_part.len() as i32;
     while exp10 > 0 {
         value = value.checked_mul(10).ok_or(QuantityError::TooLarge)?;
@@ -104,7 +112,9 @@ impl Scale {
             "Pi" => binary(50),
             "Ei" => binary(60),
             exponent => {
-                let digits = exponent.strip_prefix(['e', 'E']).ok_or(QuantityError::Malformed)?;
+                let digits = exponent
+                    .strip_prefix(['e', 'E'])
+                    .ok_or(QuantityError::Malformed)?;
                 let unsigned = digits.strip_prefix(['+', '-']).unwrap_or(digits);
                 if unsigned.is_empty() || !unsigned.bytes().all(|b| b.is_ascii_digit()) {
                     return Err(QuantityError::Malformed);
@@ -154,7 +164,9 @@ mod tests {
 
     #[test]
     fn garbage_is_malformed() {
-        for text in ["", "abc", "4 GiB", "4gi", "1.2.3", ".", "e3", "1e", "1e+", "--1", "1x"] {
+        for text in [
+            "", "abc", "4 GiB", "4gi", "1.2.3", ".", "e3", "1e", "1e+", "--1", "1x",
+        ] {
             assert_eq!(parse_whole(text), Err(QuantityError::Malformed), "{text:?}");
         }
     }

@@ -53,27 +53,60 @@ impl CardRequest {
     /// How many cards the request spans.
     pub fn cards(&self) -> u32 {
         match *self {
-            CardRequest::Whole { cards, .. } | CardRequest::Tdm { cards, .. } | CardRequest::Mig { cards, .. } => cards,
+            CardRequest::Whole { cards, .. }
+            | CardRequest::Tdm { cards, .. }
+            | CardRequest::Mig { cards, .. } => cards,
         }
     }
 }
 
 impl fmt::Display for CardRequest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let cards = |n: u32| if n == 1 { "1 card".to_owned() } else { format!("{n} cards") };
+        let cards = |n: u32| {
+            if n == 1 {
+                "1 card".to_owned()
+            } else {
+                format!("{n} cards")
+            }
+        };
         let memory = |m: Option<u64>| m.map_or_else(|| "all memory".to_owned(), format_mib);
         match *self {
             CardRequest::Whole { cards: n, name } => {
-                let name = if name == WholeCardName::Nvidia { "NVIDIA " } else { "" };
+                let name = if name == WholeCardName::Nvidia {
+                    "NVIDIA "
+                } else {
+                    ""
+                };
                 write!(f, "{} whole {name}card{}", n, if n == 1 { "" } else { "s" })
             }
-            CardRequest::Tdm { cards: n, core, memory_mib } => {
-                let core = core.map_or_else(|| "uncapped core".to_owned(), |c| format!("{c}% core"));
-                write!(f, "time-division share of {}: {core}, {} each", cards(n), memory(memory_mib))
+            CardRequest::Tdm {
+                cards: n,
+                core,
+                memory_mib,
+            } => {
+                let core =
+                    core.map_or_else(|| "uncapped core".to_owned(), |c| format!("{c}% core"));
+                write!(
+                    f,
+                    "time-division share of {}: {core}, {} each",
+                    cards(n),
+                    memory(memory_mib)
+                )
             }
-            CardRequest::Mig { cards: n, slices, memory_mib } => {
-                let memory = memory_mib.map_or_else(|| "the profile's memory".to_owned(), |m| format!("at least {}", format_mib(m)));
-                write!(f, "MIG instance of {slices} slices with {memory} on {} each", cards(n))
+            CardRequest::Mig {
+                cards: n,
+                slices,
+                memory_mib,
+            } => {
+                let memory = memory_mib.map_or_else(
+                    || "the profile's memory".to_owned(),
+                    |m| format!("at least {}", format_mib(m)),
+                );
+                write!(
+                    f,
+                    "MIG instance of {slices} slices with {memory} on {} each",
+                    cards(n)
+                )
             }
         }
     }
@@ -81,7 +114,11 @@ impl fmt::Display for CardRequest {
 
 /// MiB as GiB when whole, else MiB.
 fn format_mib(mib: u64) -> String {
-    if mib % 1024 == 0 { format!("{} GiB", mib / 1024) } else { format!("{mib} MiB") }
+    if mib.is_multiple_of(1024) {
+        format!("{} GiB", mib / 1024)
+    } else {
+        format!("{mib} MiB")
+    }
 }
 
 /// The GPU request of one container.
@@ -148,13 +185,21 @@ pub enum Violation {
     MemoryNotMultiple { resource: String, value: i64 },
     /// gpu-memory is larger than any card could hold.
     #[error("{resource} of {value} {unit} is larger than any card")]
-    MemoryTooLarge { resource: String, value: i64, unit: MemoryUnit },
+    MemoryTooLarge {
+        resource: String,
+        value: i64,
+        unit: MemoryUnit,
+    },
     /// gpu-slice is not a MIG slice count.
     #[error("{resource} must be one of 1, 2, 3, 4, 7; got {value}")]
     SliceInvalid { resource: String, value: i64 },
     /// A whole-card count is zero or too large.
     #[error("{resource} must be between 1 and {max}; got {value}")]
-    CardCountInvalid { resource: String, value: i64, max: u32 },
+    CardCountInvalid {
+        resource: String,
+        value: i64,
+        max: u32,
+    },
     /// rdma is neither 0 nor 1.
     #[error("{resource} must be 0 or 1 (it is a switch, not a NIC count); got {value}")]
     RdmaInvalid { resource: String, value: i64 },
@@ -172,39 +217,81 @@ pub enum Violation {
     RequestWithoutLimit { resource: String },
     /// A GPU resource's request differs from its limit.
     #[error("{resource} request {request} must equal its limit {limit}")]
-    RequestNotLimit { resource: String, request: String, limit: String },
+    RequestNotLimit {
+        resource: String,
+        request: String,
+        limit: String,
+    },
     /// A resource under the prefix that this project does not define.
     #[error("{resource} is not a resource of this project; known: {known}")]
     UnknownResource { resource: String, known: String },
     /// rdma without any card.
-    #[error("{resource} attaches the RDMA NICs nearest the container's cards, but the container asks for no cards")]
+    #[error(
+        "{resource} attaches the RDMA NICs nearest the container's cards, but the container asks for no cards"
+    )]
     RdmaWithoutCards { resource: String },
     /// The replica label is not a positive whole number.
     #[error("label {label} must be a whole number between 1 and {max}; got {value:?}")]
-    ReplicaInvalid { label: String, value: String, max: u32 },
+    ReplicaInvalid {
+        label: String,
+        value: String,
+        max: u32,
+    },
     /// The replica label on a pod whose cards are whole.
-    #[error("label {label} asks for {replica} cards of one time-division or MIG configuration, but container {container:?} asks for whole cards; set {whole}: {replica} instead")]
-    ReplicaWithWholeCards { label: String, replica: u32, container: String, whole: String },
+    #[error(
+        "label {label} asks for {replica} cards of one time-division or MIG configuration, but container {container:?} asks for whole cards; set {whole}: {replica} instead"
+    )]
+    ReplicaWithWholeCards {
+        label: String,
+        replica: u32,
+        container: String,
+        whole: String,
+    },
     /// The replica label on a pod that asks for no shares.
-    #[error("label {label} asks for {replica} cards, but no container asks for {core}, {memory} or {slice}")]
-    ReplicaWithoutShares { label: String, replica: u32, core: String, memory: String, slice: String },
+    #[error(
+        "label {label} asks for {replica} cards, but no container asks for {core}, {memory} or {slice}"
+    )]
+    ReplicaWithoutShares {
+        label: String,
+        replica: u32,
+        core: String,
+        memory: String,
+        slice: String,
+    },
     /// The min-member label is not a positive whole number.
     #[error("label {label} must be a whole number of at least 1; got {value:?}")]
     MinMemberInvalid { label: String, value: String },
     /// The min-member label without a group to belong to.
-    #[error("label {label} needs a group: the pod has neither the JobSet label {JOBSET_NAME_LABEL} nor a {gang_label} label")]
+    #[error(
+        "label {label} needs a group: the pod has neither the JobSet label {JOBSET_NAME_LABEL} nor a {gang_label} label"
+    )]
     GangWithoutGroup { label: String, gang_label: String },
     /// A shared-card request left to another scheduler.
     #[error("{resource} needs schedulerName: {expected}; the scheduler {got:?} cannot share cards")]
-    SharesNeedOurScheduler { resource: String, expected: String, got: String },
+    SharesNeedOurScheduler {
+        resource: String,
+        expected: String,
+        got: String,
+    },
     /// A GPU pod of our scheduler without our RuntimeClass.
-    #[error("pods that ask for cards need runtimeClassName: {expected} so the devices are injected; got {got}")]
+    #[error(
+        "pods that ask for cards need runtimeClassName: {expected} so the devices are injected; got {got}"
+    )]
     WrongRuntimeClass { expected: String, got: String },
     /// A JobSet gang whose min-member differs from its parallelism.
-    #[error("label {label} is {min_member} but the replicated job {job:?} runs {parallelism} pods in parallel; they must be equal")]
-    MinMemberNotParallelism { label: String, min_member: u32, job: String, parallelism: i32 },
+    #[error(
+        "label {label} is {min_member} but the replicated job {job:?} runs {parallelism} pods in parallel; they must be equal"
+    )]
+    MinMemberNotParallelism {
+        label: String,
+        min_member: u32,
+        job: String,
+        parallelism: i32,
+    },
     /// An init container asks for cards.
-    #[error("init container {container:?} asks for {resource}; cards are given to regular containers only")]
+    #[error(
+        "init container {container:?} asks for {resource}; cards are given to regular containers only"
+    )]
     InitContainerCards { container: String, resource: String },
 }
 
@@ -214,23 +301,25 @@ impl Violation {
         match self {
             Violation::NotWhole { .. } | Violation::Negative { .. } => "InvalidQuantity",
             Violation::CoreOutOfRange { .. } => "InvalidGpuCore",
-            Violation::MemoryNotPositive { .. } | Violation::MemoryNotMultiple { .. } | Violation::MemoryTooLarge { .. } => {
-                "InvalidGpuMemory"
-            }
+            Violation::MemoryNotPositive { .. }
+            | Violation::MemoryNotMultiple { .. }
+            | Violation::MemoryTooLarge { .. } => "InvalidGpuMemory",
             Violation::SliceInvalid { .. } => "InvalidGpuSlice",
             Violation::CardCountInvalid { .. } => "InvalidCardCount",
             Violation::RdmaInvalid { .. } | Violation::RdmaWithoutCards { .. } => "InvalidRdma",
-            Violation::TwoWholeCardNames { .. } | Violation::WholeWithFraction { .. } | Violation::SliceWithCore { .. } => {
-                "ConflictingResources"
+            Violation::TwoWholeCardNames { .. }
+            | Violation::WholeWithFraction { .. }
+            | Violation::SliceWithCore { .. } => "ConflictingResources",
+            Violation::RequestWithoutLimit { .. } | Violation::RequestNotLimit { .. } => {
+                "RequestNotLimit"
             }
-            Violation::RequestWithoutLimit { .. } | Violation::RequestNotLimit { .. } => "RequestNotLimit",
             Violation::UnknownResource { .. } => "UnknownResource",
-            Violation::ReplicaInvalid { .. } | Violation::ReplicaWithWholeCards { .. } | Violation::ReplicaWithoutShares { .. } => {
-                "InvalidReplica"
-            }
-            Violation::MinMemberInvalid { .. } | Violation::GangWithoutGroup { .. } | Violation::MinMemberNotParallelism { .. } => {
-                "InvalidGang"
-            }
+            Violation::ReplicaInvalid { .. }
+            | Violation::ReplicaWithWholeCards { .. }
+            | Violation::ReplicaWithoutShares { .. } => "InvalidReplica",
+            Violation::MinMemberInvalid { .. }
+            | Violation::GangWithoutGroup { .. }
+            | Violation::MinMemberNotParallelism { .. } => "InvalidGang",
             Violation::SharesNeedOurScheduler { .. } => "WrongScheduler",
             Violation::WrongRuntimeClass { .. } => "WrongRuntimeClass",
             Violation::InitContainerCards { .. } => "InitContainerCards",
@@ -273,7 +362,9 @@ impl fmt::Display for ContractError {
 impl ContractError {
     /// The reason of the first finding, for Events and conditions.
     pub fn reason(&self) -> &'static str {
-        self.findings.first().map_or("InvalidRequest", |f| f.violation.reason())
+        self.findings
+            .first()
+            .map_or("InvalidRequest", |f| f.violation.reason())
     }
 }
 
@@ -289,11 +380,17 @@ pub enum Warning {
 impl fmt::Display for Warning {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Warning::CoreZero { container, resource } => write!(
+            Warning::CoreZero {
+                container,
+                resource,
+            } => write!(
                 f,
                 "container {container:?}: {resource}: 0 means no compute cap, but GPU programs may hang with it; leave {resource} out instead"
             ),
-            Warning::RdmaWithoutHostNetwork { container, resource } => write!(
+            Warning::RdmaWithoutHostNetwork {
+                container,
+                resource,
+            } => write!(
                 f,
                 "container {container:?}: {resource}: 1 needs hostNetwork: true for RDMA traffic"
             ),
@@ -319,19 +416,32 @@ const MAX_MEMORY_MIB: u64 = 16 << 20;
 /// Parses and checks a pod's GPU request against the contract, returning every rule it breaks.
 pub fn parse_pod(pod: &Pod, config: &RuntimeKitConfig) -> Result<PodRequest, ContractError> {
     let names = config.names();
-    let mut parser = Parser { config, names: &names, findings: Vec::new(), warnings: Vec::new() };
+    let mut parser = Parser {
+        config,
+        names: &names,
+        findings: Vec::new(),
+        warnings: Vec::new(),
+    };
     let spec = pod.spec.as_ref();
     let labels = pod.metadata.labels.as_ref();
     let label = |key: &str| labels.and_then(|l| l.get(key)).map(String::as_str);
 
-    let scheduler = spec.and_then(|s| s.scheduler_name.as_deref()).unwrap_or("default-scheduler");
+    let scheduler = spec
+        .and_then(|s| s.scheduler_name.as_deref())
+        .unwrap_or("default-scheduler");
     let ours = scheduler == config.scheduler_name;
     let host_network = spec.and_then(|s| s.host_network).unwrap_or(false);
     let replica = label(REPLICA_LABEL).and_then(|v| parser.replica(v));
 
-    for init in spec.and_then(|s| s.init_containers.as_deref()).unwrap_or_default() {
+    for init in spec
+        .and_then(|s| s.init_containers.as_deref())
+        .unwrap_or_default()
+    {
         if let Some(resource) = parser.first_gpu_resource(init) {
-            parser.pod_finding(Violation::InitContainerCards { container: init.name.clone(), resource });
+            parser.pod_finding(Violation::InitContainerCards {
+                container: init.name.clone(),
+                resource,
+            });
         }
     }
 
@@ -343,7 +453,10 @@ pub fn parse_pod(pod: &Pod, config: &RuntimeKitConfig) -> Result<PodRequest, Con
     }
 
     if let Some(replica) = replica.filter(|&r| r > 1) {
-        match containers.iter().find(|c| matches!(c.cards, CardRequest::Whole { .. })) {
+        match containers
+            .iter()
+            .find(|c| matches!(c.cards, CardRequest::Whole { .. }))
+        {
             Some(whole) => parser.pod_finding(Violation::ReplicaWithWholeCards {
                 label: REPLICA_LABEL.into(),
                 replica,
@@ -370,7 +483,10 @@ pub fn parse_pod(pod: &Pod, config: &RuntimeKitConfig) -> Result<PodRequest, Con
                     got: got.map_or_else(|| "none".into(), |g| format!("{g:?}")),
                 });
             }
-        } else if let Some(shared) = containers.iter().find(|c| !matches!(c.cards, CardRequest::Whole { .. })) {
+        } else if let Some(shared) = containers
+            .iter()
+            .find(|c| !matches!(c.cards, CardRequest::Whole { .. }))
+        {
             let resource = match shared.cards {
                 CardRequest::Mig { .. } => names.gpu_slice.clone(),
                 _ => names.gpu_core.clone(),
@@ -383,12 +499,26 @@ pub fn parse_pod(pod: &Pod, config: &RuntimeKitConfig) -> Result<PodRequest, Con
         }
     }
 
-    let gang = label(&names.min_member_label).and_then(|value| parser.gang(value, label(JOBSET_NAME_LABEL), label(&names.gang_name_label)));
+    let gang = label(&names.min_member_label).and_then(|value| {
+        parser.gang(
+            value,
+            label(JOBSET_NAME_LABEL),
+            label(&names.gang_name_label),
+        )
+    });
 
     if parser.findings.is_empty() {
-        Ok(PodRequest { ours, containers, gang, host_network, warnings: parser.warnings })
+        Ok(PodRequest {
+            ours,
+            containers,
+            gang,
+            host_network,
+            warnings: parser.warnings,
+        })
     } else {
-        Err(ContractError { findings: parser.findings })
+        Err(ContractError {
+            findings: parser.findings,
+        })
     }
 }
 
@@ -412,11 +542,17 @@ struct Values {
 
 impl Parser<'_> {
     fn pod_finding(&mut self, violation: Violation) {
-        self.findings.push(Finding { container: None, violation });
+        self.findings.push(Finding {
+            container: None,
+            violation,
+        });
     }
 
     fn finding(&mut self, container: &str, violation: Violation) {
-        self.findings.push(Finding { container: Some(container.into()), violation });
+        self.findings.push(Finding {
+            container: Some(container.into()),
+            violation,
+        });
     }
 
     /// The first GPU resource a container mentions in limits or requests.
@@ -430,21 +566,37 @@ impl Parser<'_> {
             .cloned()
     }
 
-    fn container(&mut self, container: &Container, replica: u32, host_network: bool) -> Option<ContainerRequest> {
+    fn container(
+        &mut self,
+        container: &Container,
+        replica: u32,
+        host_network: bool,
+    ) -> Option<ContainerRequest> {
         let name = container.name.as_str();
         let empty = BTreeMap::new();
         let resources = container.resources.as_ref();
         let limits = resources.and_then(|r| r.limits.as_ref()).unwrap_or(&empty);
-        let requests = resources.and_then(|r| r.requests.as_ref()).unwrap_or(&empty);
+        let requests = resources
+            .and_then(|r| r.requests.as_ref())
+            .unwrap_or(&empty);
         let before = self.findings.len();
         let names = self.names;
 
         for (resource, request) in requests.iter().filter(|(r, _)| names.is_gpu_resource(r)) {
             match limits.get(resource) {
-                None => self.finding(name, Violation::RequestWithoutLimit { resource: resource.clone() }),
+                None => self.finding(
+                    name,
+                    Violation::RequestWithoutLimit {
+                        resource: resource.clone(),
+                    },
+                ),
                 Some(limit) if !same_quantity(limit, request) => self.finding(
                     name,
-                    Violation::RequestNotLimit { resource: resource.clone(), request: request.0.clone(), limit: limit.0.clone() },
+                    Violation::RequestNotLimit {
+                        resource: resource.clone(),
+                        request: request.0.clone(),
+                        limit: limit.0.clone(),
+                    },
                 ),
                 Some(_) => {}
             }
@@ -461,86 +613,168 @@ impl Parser<'_> {
                 NVIDIA_GPU => &mut values.nvidia,
                 unknown => {
                     let known = names.own_resources().join(", ");
-                    self.finding(name, Violation::UnknownResource { resource: unknown.into(), known: format!("{known}, {NVIDIA_GPU}") });
+                    self.finding(
+                        name,
+                        Violation::UnknownResource {
+                            resource: unknown.into(),
+                            known: format!("{known}, {NVIDIA_GPU}"),
+                        },
+                    );
                     continue;
                 }
             };
             match parse_whole(&quantity.0) {
-                Ok(v) if v < 0 => self.finding(name, Violation::Negative { resource: resource.clone(), value: v }),
+                Ok(v) if v < 0 => self.finding(
+                    name,
+                    Violation::Negative {
+                        resource: resource.clone(),
+                        value: v,
+                    },
+                ),
                 Ok(v) => *slot = Some(v),
-                Err(QuantityError::Malformed | QuantityError::Fractional | QuantityError::TooLarge) => {
-                    self.finding(name, Violation::NotWhole { resource: resource.clone(), value: quantity.0.clone() })
-                }
+                Err(
+                    QuantityError::Malformed | QuantityError::Fractional | QuantityError::TooLarge,
+                ) => self.finding(
+                    name,
+                    Violation::NotWhole {
+                        resource: resource.clone(),
+                        value: quantity.0.clone(),
+                    },
+                ),
             }
         }
 
         let request = self.combine(name, &values, replica);
         let rdma = self.rdma(name, values.rdma, request.is_some());
         if rdma && !host_network {
-            self.warnings.push(Warning::RdmaWithoutHostNetwork { container: name.into(), resource: self.names.rdma.clone() });
+            self.warnings.push(Warning::RdmaWithoutHostNetwork {
+                container: name.into(),
+                resource: self.names.rdma.clone(),
+            });
         }
         if self.findings.len() > before {
             return None;
         }
-        request.map(|cards| ContainerRequest { container: name.into(), cards, rdma })
+        request.map(|cards| ContainerRequest {
+            container: name.into(),
+            cards,
+            rdma,
+        })
     }
 
     /// Applies the rules between one container's values and builds its request.
     fn combine(&mut self, container: &str, v: &Values, replica: u32) -> Option<CardRequest> {
         let names = self.names;
         if let (Some(_), Some(_)) = (v.any_vendor, v.nvidia) {
-            self.finding(container, Violation::TwoWholeCardNames { first: names.gpu.clone(), second: NVIDIA_GPU.into() });
+            self.finding(
+                container,
+                Violation::TwoWholeCardNames {
+                    first: names.gpu.clone(),
+                    second: NVIDIA_GPU.into(),
+                },
+            );
             return None;
         }
         let whole = v
             .any_vendor
             .map(|n| (n, WholeCardName::AnyVendor, names.gpu.clone()))
-            .or(v.nvidia.map(|n| (n, WholeCardName::Nvidia, NVIDIA_GPU.to_owned())));
+            .or(v
+                .nvidia
+                .map(|n| (n, WholeCardName::Nvidia, NVIDIA_GPU.to_owned())));
 
         if let Some((count, kind, resource)) = whole {
             let mut ok = true;
-            for (value, fractional) in [(v.core, &names.gpu_core), (v.memory, &names.gpu_memory), (v.slice, &names.gpu_slice)] {
+            for (value, fractional) in [
+                (v.core, &names.gpu_core),
+                (v.memory, &names.gpu_memory),
+                (v.slice, &names.gpu_slice),
+            ] {
                 if value.is_some() {
-                    self.finding(container, Violation::WholeWithFraction { whole: resource.clone(), fractional: fractional.clone() });
+                    self.finding(
+                        container,
+                        Violation::WholeWithFraction {
+                            whole: resource.clone(),
+                            fractional: fractional.clone(),
+                        },
+                    );
                     ok = false;
                 }
             }
             if !(1..=i64::from(MAX_CARDS)).contains(&count) {
-                self.finding(container, Violation::CardCountInvalid { resource, value: count, max: MAX_CARDS });
+                self.finding(
+                    container,
+                    Violation::CardCountInvalid {
+                        resource,
+                        value: count,
+                        max: MAX_CARDS,
+                    },
+                );
                 ok = false;
             }
             // The count is in range here, so the conversion cannot fail.
-            return ok.then(|| CardRequest::Whole { cards: u32::try_from(count).unwrap_or(MAX_CARDS), name: kind });
+            return ok.then(|| CardRequest::Whole {
+                cards: u32::try_from(count).unwrap_or(MAX_CARDS),
+                name: kind,
+            });
         }
 
         if v.slice.is_some() && v.core.is_some() {
-            self.finding(container, Violation::SliceWithCore { slice: names.gpu_slice.clone(), core: names.gpu_core.clone() });
+            self.finding(
+                container,
+                Violation::SliceWithCore {
+                    slice: names.gpu_slice.clone(),
+                    core: names.gpu_core.clone(),
+                },
+            );
             return None;
         }
         let memory_mib = v.memory.and_then(|m| self.memory(container, m));
         if let Some(slices) = v.slice {
             if ![1, 2, 3, 4, 7].contains(&slices) {
-                self.finding(container, Violation::SliceInvalid { resource: names.gpu_slice.clone(), value: slices });
+                self.finding(
+                    container,
+                    Violation::SliceInvalid {
+                        resource: names.gpu_slice.clone(),
+                        value: slices,
+                    },
+                );
                 return None;
             }
-            return Some(CardRequest::Mig { cards: replica, slices: slices as u8, memory_mib });
+            return Some(CardRequest::Mig {
+                cards: replica,
+                slices: slices as u8,
+                memory_mib,
+            });
         }
         if v.core.is_none() && v.memory.is_none() {
             return None;
         }
         let core = match v.core {
             Some(0) => {
-                self.warnings.push(Warning::CoreZero { container: container.into(), resource: names.gpu_core.clone() });
+                self.warnings.push(Warning::CoreZero {
+                    container: container.into(),
+                    resource: names.gpu_core.clone(),
+                });
                 None
             }
             Some(c @ 1..=100) => Some(c as u8),
             Some(c) => {
-                self.finding(container, Violation::CoreOutOfRange { resource: names.gpu_core.clone(), value: c });
+                self.finding(
+                    container,
+                    Violation::CoreOutOfRange {
+                        resource: names.gpu_core.clone(),
+                        value: c,
+                    },
+                );
                 None
             }
             None => None,
         };
-        Some(CardRequest::Tdm { cards: replica, core, memory_mib })
+        Some(CardRequest::Tdm {
+            cards: replica,
+            core,
+            memory_mib,
+        })
     }
 
     /// Converts a gpu-memory value in the configured unit to MiB.
@@ -560,10 +794,20 @@ impl Parser<'_> {
             self.finding(container, Violation::MemoryNotMultiple { resource, value });
             return None;
         }
-        match value_u.checked_mul(unit.mib()).filter(|&mib| mib <= MAX_MEMORY_MIB) {
+        match value_u
+            .checked_mul(unit.mib())
+            .filter(|&mib| mib <= MAX_MEMORY_MIB)
+        {
             Some(mib) => Some(mib),
             None => {
-                self.finding(container, Violation::MemoryTooLarge { resource, value, unit });
+                self.finding(
+                    container,
+                    Violation::MemoryTooLarge {
+                        resource,
+                        value,
+                        unit,
+                    },
+                );
                 None
             }
         }
@@ -589,26 +833,45 @@ impl Parser<'_> {
         match value.trim().parse::<u32>() {
             Ok(n @ 1..=MAX_CARDS) => Some(n),
             _ => {
-                self.pod_finding(Violation::ReplicaInvalid { label: REPLICA_LABEL.into(), value: value.into(), max: MAX_CARDS });
+                self.pod_finding(Violation::ReplicaInvalid {
+                    label: REPLICA_LABEL.into(),
+                    value: value.into(),
+                    max: MAX_CARDS,
+                });
                 None
             }
         }
     }
 
-    fn gang(&mut self, min_member: &str, job_set: Option<&str>, gang_name: Option<&str>) -> Option<GangMembership> {
+    fn gang(
+        &mut self,
+        min_member: &str,
+        job_set: Option<&str>,
+        gang_name: Option<&str>,
+    ) -> Option<GangMembership> {
         let label = self.names.min_member_label.clone();
         let min_member = match min_member.trim().parse::<u32>() {
             Ok(n) if n >= 1 => n,
             _ => {
-                self.pod_finding(Violation::MinMemberInvalid { label, value: min_member.into() });
+                self.pod_finding(Violation::MinMemberInvalid {
+                    label,
+                    value: min_member.into(),
+                });
                 return None;
             }
         };
         let job_set = job_set.filter(|j| !j.is_empty());
         match gang_name.filter(|g| !g.is_empty()).or(job_set) {
-            Some(name) => Some(GangMembership { name: name.into(), job_set: job_set.map(Into::into), min_member }),
+            Some(name) => Some(GangMembership {
+                name: name.into(),
+                job_set: job_set.map(Into::into),
+                min_member,
+            }),
             None => {
-                self.pod_finding(Violation::GangWithoutGroup { label, gang_label: self.names.gang_name_label.clone() });
+                self.pod_finding(Violation::GangWithoutGroup {
+                    label,
+                    gang_label: self.names.gang_name_label.clone(),
+                });
                 None
             }
         }
@@ -618,7 +881,12 @@ impl Parser<'_> {
 /// Checks a JobSet gang's size: `aliyun.com/min-member` must equal the parallelism of the
 /// replicated job its pods come from, or the gang could never be complete (or would start
 /// partially).
-pub fn check_gang_size(names: &ResourceNames, gang: &GangMembership, job: &str, parallelism: i32) -> Result<(), Violation> {
+pub fn check_gang_size(
+    names: &ResourceNames,
+    gang: &GangMembership,
+    job: &str,
+    parallelism: i32,
+) -> Result<(), Violation> {
     if i64::from(gang.min_member) == i64::from(parallelism) {
         return Ok(());
     }

@@ -21,55 +21,94 @@ const RESOURCES: &[&str] = &[
     "memory",
 ];
 
-const LABELS: &[&str] = &["replica", "aliyun.com/min-member", "aliyun.com/gang-name", "jobset.sigs.k8s.io/jobset-name", "app"];
+const LABELS: &[&str] = &[
+    "replica",
+    "aliyun.com/min-member",
+    "aliyun.com/gang-name",
+    "jobset.sigs.k8s.io/jobset-name",
+    "app",
+];
 
 /// Quantity-like text: mostly near-valid numbers with suffixes, sometimes anything at all.
 fn quantity() -> impl Strategy<Value = String> {
     prop_oneof![
         (-5i64..200).prop_map(|n| n.to_string()),
         (0u64..u64::MAX).prop_map(|n| n.to_string()),
-        ("[-+]?[0-9]{0,4}(\\.[0-9]{0,3})?", "(|m|k|M|G|Ki|Mi|Gi|Ei|e[-+]?[0-9]{1,3}|E[0-9]{1,2}|x)").prop_map(|(n, s)| format!("{n}{s}")),
+        (
+            "[-+]?[0-9]{0,4}(\\.[0-9]{0,3})?",
+            "(|m|k|M|G|Ki|Mi|Gi|Ei|e[-+]?[0-9]{1,3}|E[0-9]{1,2}|x)"
+        )
+            .prop_map(|(n, s)| format!("{n}{s}")),
         any::<String>(),
     ]
 }
 
 fn resource_map() -> impl Strategy<Value = BTreeMap<String, Quantity>> {
-    prop::collection::btree_map(prop::sample::select(RESOURCES).prop_map(String::from), quantity().prop_map(Quantity), 0..6)
+    prop::collection::btree_map(
+        prop::sample::select(RESOURCES).prop_map(String::from),
+        quantity().prop_map(Quantity),
+        0..6,
+    )
 }
 
 fn container() -> impl Strategy<Value = Container> {
-    ("[a-z]{1,6}", prop::option::of(resource_map()), prop::option::of(resource_map())).prop_map(|(name, limits, requests)| Container {
-        name,
-        resources: Some(ResourceRequirements { limits, requests, ..Default::default() }),
-        ..Default::default()
-    })
+    (
+        "[a-z]{1,6}",
+        prop::option::of(resource_map()),
+        prop::option::of(resource_map()),
+    )
+        .prop_map(|(name, limits, requests)| Container {
+            name,
+            resources: Some(ResourceRequirements {
+                limits,
+                requests,
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
 }
 
 fn pod() -> impl Strategy<Value = Pod> {
     (
         prop::collection::vec(container(), 0..4),
         prop::collection::vec(container(), 0..2),
-        prop::collection::btree_map(prop::sample::select(LABELS).prop_map(String::from), prop_oneof![quantity(), "[a-z0-9-]{0,8}"], 0..5),
-        prop::option::of(prop::sample::select(&["lj-runtimekit-scheduler", "default-scheduler", ""][..])),
+        prop::collection::btree_map(
+            prop::sample::select(LABELS).prop_map(String::from),
+            prop_oneof![quantity(), "[a-z0-9-]{0,8}"],
+            0..5,
+        ),
+        prop::option::of(prop::sample::select(
+            &["lj-runtimekit-scheduler", "default-scheduler", ""][..],
+        )),
         prop::option::of(prop::sample::select(&["lj-runtime", "runc"][..])),
         prop::option::of(any::<bool>()),
     )
-        .prop_map(|(containers, init, labels, scheduler, runtime, host_network)| Pod {
-            metadata: ObjectMeta { labels: Some(labels), ..Default::default() },
-            spec: Some(PodSpec {
-                containers,
-                init_containers: Some(init),
-                scheduler_name: scheduler.map(String::from),
-                runtime_class_name: runtime.map(String::from),
-                host_network,
-                ..Default::default()
-            }),
-            status: None,
-        })
+        .prop_map(
+            |(containers, init, labels, scheduler, runtime, host_network)| Pod {
+                metadata: ObjectMeta {
+                    labels: Some(labels),
+                    ..Default::default()
+                },
+                spec: Some(PodSpec {
+                    containers,
+                    init_containers: Some(init),
+                    scheduler_name: scheduler.map(String::from),
+                    runtime_class_name: runtime.map(String::from),
+                    host_network,
+                    ..Default::default()
+                }),
+                status: None,
+            },
+        )
 }
 
 fn config() -> impl Strategy<Value = RuntimeKitConfig> {
-    prop::sample::select(&[MemoryUnit::GiB, MemoryUnit::MiB][..]).prop_map(|memory_unit| RuntimeKitConfig { memory_unit, ..Default::default() })
+    prop::sample::select(&[MemoryUnit::GiB, MemoryUnit::MiB][..]).prop_map(|memory_unit| {
+        RuntimeKitConfig {
+            memory_unit,
+            ..Default::default()
+        }
+    })
 }
 
 proptest! {

@@ -1,0 +1,43 @@
+# Recipes for building, testing and running the GPU runtime kit. `./just` runs this file
+# (installing `just` on first use); `just` works too where it is installed.
+
+set shell := ["bash", "-euo", "pipefail", "-c"]
+
+# List the recipes.
+default:
+    @{{just_executable()}} --justfile {{justfile()}} --list --unsorted
+
+# The main job: check the usage guide's examples against the resource contract and print what each asks for.
+demo:
+    cargo run --quiet -p runtimekit-operator -- check operator/contract/tests/seeds
+
+# The whole test suite, as CI runs it: formatting, lints, unit, property and CRD drift tests.
+test: fmt-check lint unit
+
+# Check formatting.
+fmt-check:
+    cargo fmt --all -- --check
+
+# Format the code.
+fmt:
+    cargo fmt --all
+
+# Lint every target with warnings as errors.
+lint:
+    cargo clippy --workspace --all-targets --locked -- -D warnings
+
+# Unit, property and CRD drift tests.
+unit:
+    cargo test --workspace --locked
+
+# Regenerate the CRD YAML under crds/ from the Rust types.
+crds:
+    cargo run --quiet -p runtimekit-crds --bin crdgen
+
+# Check manifests (files or directories) against the resource contract.
+check-pod +paths:
+    cargo run --quiet -p runtimekit-operator -- check {{paths}}
+
+# Build the pinned control-plane binaries (etcd, kube-*, JobSet, kwok) into the cache.
+build-tools:
+    e2e/scripts/build-tools.sh
