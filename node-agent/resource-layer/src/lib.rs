@@ -1,0 +1,1 @@
+//! The resource layer (to be written).

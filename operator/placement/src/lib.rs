@@ -1,0 +1,1 @@
+//! The placement engine (to be written).

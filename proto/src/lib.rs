@@ -1,0 +1,1 @@
+//! The resource-layer gRPC API (to be written).
