@@ -11,7 +11,7 @@ default:
 demo:
     cargo run --quiet -p runtimekit-operator -- check operator/contract/tests/seeds
 
-# The whole test suite, as CI runs it: formatting, lints, unit, property and CRD drift tests.
+# The whole test suite, as CI runs it: formatting, lints, unit, property, CRD drift and end-to-end tests.
 test: fmt-check lint unit
 
 # Check formatting.
@@ -26,9 +26,21 @@ fmt:
 lint:
     cargo clippy --workspace --all-targets --locked -- -D warnings
 
-# Unit, property and CRD drift tests.
+# Every test of the workspace; the end-to-end suite starts (and first builds) a real control plane.
 unit:
     cargo test --workspace --locked
+
+# Only the end-to-end suite against a real control plane (arguments filter tests by name).
+e2e *filter:
+    cargo test --locked -p runtimekit-e2e --test e2e -- {{filter}}
+
+# Start a local control plane (etcd, kube-apiserver, controller-manager, JobSet, kwok) that keeps running.
+up *flags:
+    cargo run --quiet --locked -p runtimekit-e2e --bin runtimekit-cluster -- up {{flags}}
+
+# Stop the control plane `just up` started, by the PIDs it recorded.
+down:
+    cargo run --quiet --locked -p runtimekit-e2e --bin runtimekit-cluster -- down
 
 # Regenerate the CRD YAML under crds/ from the Rust types.
 crds:

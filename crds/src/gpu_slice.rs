@@ -43,7 +43,7 @@ pub enum SliceMode {
     printcolumn(name = "Pod", type_ = "string", json_path = ".spec.pod.name"),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
-    selectable = "spec.nodeName",
+    selectable = ".spec.nodeName",
     validation = Rule::new("!has(oldSelf.spec.nodeName) || (has(self.spec.nodeName) && self.spec.nodeName == oldSelf.spec.nodeName)")
         .message("spec.nodeName is immutable once set"),
     validation = Rule::new("!has(oldSelf.spec.card) || (has(self.spec.card) && self.spec.card == oldSelf.spec.card)")

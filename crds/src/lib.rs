@@ -24,7 +24,9 @@ pub use topology_group::{
     TopologyGroupSpec, TopologyGroupStatus, Vendor,
 };
 
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceDefinition, JSONSchemaProps, JSONSchemaPropsOrArray,
+};
 use kube::CustomResourceExt;
 
 /// The API group of every resource here.
@@ -35,7 +37,45 @@ pub const SLICE_FINALIZER: &str = "runtimekit.aliyun.com/instance-released";
 
 /// The CRDs of this project, in a stable order.
 pub fn all() -> Vec<CustomResourceDefinition> {
-    vec![GpuSlice::crd(), TopologyGroup::crd(), GangGroup::crd()]
+    let mut crds = vec![GpuSlice::crd(), TopologyGroup::crd(), GangGroup::crd()];
+    for crd in &mut crds {
+        for version in &mut crd.spec.versions {
+            if let Some(schema) = version
+                .schema
+                .as_mut()
+                .and_then(|s| s.open_api_v3_schema.as_mut())
+            {
+                unwrap_descriptions(schema);
+            }
+        }
+    }
+    crds
+}
+
+/// Joins the lines of each paragraph of every description: doc comments are wrapped at 100
+/// columns, and `kubectl explain` wraps again, which would leave ragged lines.
+fn unwrap_descriptions(schema: &mut JSONSchemaProps) {
+    if let Some(description) = schema.description.as_mut() {
+        *description = description
+            .split("\n\n")
+            .map(|paragraph| {
+                paragraph
+                    .split('\n')
+                    .map(str::trim)
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .collect::<Vec<_>>()
+            .join("\n\n");
+    }
+    let children = schema.properties.iter_mut().flat_map(|p| p.values_mut());
+    let items = schema.items.iter_mut().filter_map(|items| match items {
+        JSONSchemaPropsOrArray::Schema(s) => Some(s.as_mut()),
+        JSONSchemaPropsOrArray::Schemas(_) => None,
+    });
+    for child in children.chain(items).collect::<Vec<_>>() {
+        unwrap_descriptions(child);
+    }
 }
 
 /// The file under `crds/` each CRD is written to.

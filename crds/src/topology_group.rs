@@ -30,8 +30,8 @@ use serde::{Deserialize, Serialize};
     printcolumn(name = "Free", type_ = "integer", json_path = ".status.capacity.freeCards", description = "healthy cards with nothing allocated"),
     printcolumn(name = "Heartbeat", type_ = "date", json_path = ".status.heartbeatTime", priority = 1),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
-    selectable = "spec.tier",
-    selectable = "spec.nodeName",
+    selectable = ".spec.tier",
+    selectable = ".spec.nodeName",
     validation = Rule::new("!has(oldSelf.spec.nodeName) || (has(self.spec.nodeName) && self.spec.nodeName == oldSelf.spec.nodeName)")
         .message("spec.nodeName is immutable once set"),
 )]

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the upstream control-plane binaries from the pinned Go tools modules in e2e/tools/
 # and caches them by version under $RUNTIMEKIT_CACHE (default ~/.cache/runtimekit), so a
-# second run takes seconds. Prints the directory holding each family's binaries.
+# second run takes seconds. Prints, for each family, the directory holding its binaries.
 #
 #   e2e/scripts/build-tools.sh [k8s|etcd|jobset|kwok ...]   (default: all)
 set -euo pipefail
@@ -10,58 +10,61 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 cache=${RUNTIMEKIT_CACHE:-$HOME/.cache/runtimekit}
 export GOTOOLCHAIN=local GOWORK=off GOFLAGS=-mod=mod CGO_ENABLED=0
 
-# module_version MODULE DIR: the version of MODULE that DIR/go.mod requires.
+# module_version MODULE FAMILY: the version of MODULE that e2e/tools/FAMILY/go.mod requires.
 module_version() {
-  (cd "$2" && go list -m -f '{{.Version}}' "$1")
+  (cd "$here/tools/$2" && go list -m -f '{{.Version}}' "$1")
 }
 
-# build FAMILY VERSION LDFLAGS PKG...: builds PKG... of e2e/tools/FAMILY into the cache.
+# build FAMILY VERSION LDFLAGS NAME=PACKAGE...: builds each PACKAGE of e2e/tools/FAMILY into
+# the cache as NAME, skipping binaries already there.
 build() {
   local family=$1 version=$2 ldflags=$3; shift 3
   local out="$cache/bin/$family-$version"
-  if [ -f "$out/.complete" ]; then
-    echo "$out"
-    return
-  fi
-  echo "building $family $version ($*); a cold build takes minutes" >&2
   mkdir -p "$out"
-  local start=$SECONDS
-  (cd "$here/tools/$family" &&
-    go build -trimpath -tags=selinux,notest,grpcnotrace -ldflags "-s -w $ldflags" -o "$out/" "$@" >&2)
-  touch "$out/.complete"
-  echo "built $family $version in $((SECONDS - start)) s" >&2
+  for target in "$@"; do
+    local name=${target%%=*} package=${target#*=}
+    [ -x "$out/$name" ] && continue
+    echo "building $name $version from $package (a cold build takes minutes)" >&2
+    local start=$SECONDS
+    (cd "$here/tools/$family" &&
+      go build -trimpath -tags=selinux,notest,grpcnotrace -ldflags "-s -w $ldflags" -o "$out/$name.partial" "$package" >&2)
+    mv "$out/$name.partial" "$out/$name"
+    echo "built $name in $((SECONDS - start)) s" >&2
+  done
   echo "$out"
 }
 
 build_k8s() {
-  local v; v=$(module_version k8s.io/kubernetes "$here/tools/k8s")
+  local v; v=$(module_version k8s.io/kubernetes k8s)
   local minor=${v#v1.}; minor=${minor%%.*}
   local flags=""
   for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     flags+=" -X $pkg.gitVersion=$v -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
     flags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
   done
-  build k8s "$v" "$flags" k8s.io/kubernetes/cmd/kube-apiserver \
-    k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler
+  local cmd=k8s.io/kubernetes/cmd
+  build k8s "$v" "$flags" kube-apiserver=$cmd/kube-apiserver \
+    kube-controller-manager=$cmd/kube-controller-manager kube-scheduler=$cmd/kube-scheduler \
+    kubectl=$cmd/kubectl
 }
 
 build_etcd() {
-  local v; v=$(module_version go.etcd.io/etcd/server/v3 "$here/tools/etcd")
-  # The main package is the module root, so go would name the binary "server".
-  build etcd "$v" "" go.etcd.io/etcd/server/v3 >/dev/null
-  local out="$cache/bin/etcd-$v"
-  [ -f "$out/etcd" ] || mv "$out/server" "$out/etcd"
-  echo "$out"
+  local v; v=$(module_version go.etcd.io/etcd/server/v3 etcd)
+  build etcd "$v" "" etcd=go.etcd.io/etcd/server/v3
 }
 
 build_jobset() {
-  local v; v=$(module_version sigs.k8s.io/jobset "$here/tools/jobset")
-  build jobset "$v" "-X sigs.k8s.io/jobset/pkg/version.GitVersion=$v" sigs.k8s.io/jobset
+  local v; v=$(module_version sigs.k8s.io/jobset jobset)
+  local out; out=$(build jobset "$v" "-X sigs.k8s.io/jobset/pkg/version.GitVersion=$v" jobset=sigs.k8s.io/jobset)
+  # The controller needs its CRD installed; keep the one of this exact version beside it.
+  local dir; dir=$(cd "$here/tools/jobset" && go list -m -f '{{.Dir}}' sigs.k8s.io/jobset)
+  install -m 0644 "$dir/config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml" "$out/jobset-crd.yaml"
+  echo "$out"
 }
 
 build_kwok() {
-  local v; v=$(module_version sigs.k8s.io/kwok "$here/tools/kwok")
-  build kwok "$v" "-X sigs.k8s.io/kwok/pkg/consts.Version=${v#v}" sigs.k8s.io/kwok/cmd/kwok
+  local v; v=$(module_version sigs.k8s.io/kwok kwok)
+  build kwok "$v" "-X sigs.k8s.io/kwok/pkg/consts.Version=${v#v}" kwok=sigs.k8s.io/kwok/cmd/kwok
 }
 
 families=("$@")

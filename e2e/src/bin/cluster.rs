@@ -1,0 +1,77 @@
+//! `just up` and `just down`: starts a control plane that outlives this command, or stops the
+//! processes one started, by the PIDs it recorded.
+
+use clap::{Parser, Subcommand};
+use runtimekit_e2e::cluster::{Cluster, ClusterOptions, stop_recorded};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser, Debug)]
+#[command(about = "Start or stop a local control plane for development and the demo")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+    /// Where the cluster's PKI, data, logs and kubeconfig live.
+    #[arg(long, global = true, default_value = ".cluster/dev")]
+    dir: PathBuf,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Start etcd, kube-apiserver, kube-controller-manager, JobSet and kwok; the last line printed
+    /// is the `export KUBECONFIG=...` to use.
+    Up {
+        /// Also start kube-scheduler.
+        #[arg(long)]
+        kube_scheduler: bool,
+    },
+    /// Stop the processes `up` started.
+    Down,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let dir = match std::path::absolute(&cli.dir) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("error: {}: {e}", cli.dir.display());
+            return ExitCode::FAILURE;
+        }
+    };
+    match cli.command {
+        Command::Up { kube_scheduler } => {
+            match Cluster::start(ClusterOptions {
+                dir: dir.clone(),
+                detached: true,
+                kube_scheduler,
+            })
+            .await
+            {
+                Ok(cluster) => {
+                    println!(
+                        "control plane running; logs in {}",
+                        dir.join("logs").display()
+                    );
+                    println!("stop it with: just down");
+                    println!("export KUBECONFIG={}", cluster.kubeconfig.display());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("error: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Down => match stop_recorded(&dir) {
+            Ok(n) => {
+                println!("stopped {n} processes of the cluster in {}", dir.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
+    }
+}

@@ -1,0 +1,482 @@
+//! Test support: one control plane per test run, a namespace per test, fake GPU nodes, waiting
+//! with timeouts, and a dump of the relevant objects and logs when a test fails.
+
+use crate::cluster::{Cluster, ClusterOptions, stop_recorded};
+use anyhow::{Context, Result, bail};
+use futures::FutureExt;
+use k8s_openapi::api::core::v1::{Namespace, Node};
+use kube::api::{DeleteParams, PostParams};
+use kube::{Api, Client};
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The annotation kwok manages nodes by.
+pub const KWOK_ANNOTATION: &str = "kwok.x-k8s.io/node";
+/// The prefix of every harness run directory under the temp dir.
+const RUN_DIR_PREFIX: &str = "runtimekit-e2e-";
+
+/// One test run: the control plane every test shares, and the runtime tests run on.
+pub struct Harness {
+    cluster: Mutex<Option<Cluster>>,
+    client: Client,
+    kubeconfig: PathBuf,
+    kubectl: PathBuf,
+    dir: PathBuf,
+    runtime: tokio::runtime::Runtime,
+    failures: AtomicUsize,
+    counter: AtomicUsize,
+}
+
+impl Harness {
+    /// Starts the control plane for this run, after stopping what killed earlier runs left
+    /// behind. The processes are stopped by [`Harness::finish`], or by the signal handler when
+    /// the run is interrupted.
+    pub fn start() -> Result<Arc<Harness>> {
+        reap_abandoned_runs();
+        let dir = std::env::temp_dir().join(format!("{RUN_DIR_PREFIX}{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        std::fs::write(dir.join("owner"), std::process::id().to_string())?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?;
+        let started = Instant::now();
+        let cluster_dir = dir.join("cluster");
+        let cluster = runtime.block_on(Cluster::start(ClusterOptions {
+            dir: cluster_dir.clone(),
+            detached: false,
+            kube_scheduler: false,
+        }))?;
+        eprintln!(
+            "control plane ready in {:.1} s ({})",
+            started.elapsed().as_secs_f64(),
+            dir.display()
+        );
+        ctrlc::set_handler(move || {
+            eprintln!("interrupted: stopping the control plane");
+            let _ = stop_recorded(&cluster_dir);
+            std::process::exit(130);
+        })?;
+        let client = runtime.block_on(cluster.client())?;
+        Ok(Arc::new(Harness {
+            kubeconfig: cluster.kubeconfig.clone(),
+            kubectl: cluster.tools.kubectl(),
+            cluster: Mutex::new(Some(cluster)),
+            client,
+            dir,
+            runtime,
+            failures: AtomicUsize::new(0),
+            counter: AtomicUsize::new(0),
+        }))
+    }
+
+    /// Makes trials of `tests`: each gets its own namespace, and on failure the namespace's
+    /// objects and the components' logs are printed. Without a harness (`--list`), the trials
+    /// only carry their names.
+    pub fn trials(harness: Option<&Arc<Self>>, tests: &[Test]) -> Vec<libtest_mimic::Trial> {
+        tests
+            .iter()
+            .map(|test| {
+                let (name, run) = (test.name, test.run);
+                let harness = harness.cloned();
+                libtest_mimic::Trial::test(name, move || match &harness {
+                    Some(h) => h.run(name, run).map_err(|e| format!("{e:#}").into()),
+                    None => Ok(()),
+                })
+            })
+            .collect()
+    }
+
+    fn run(&self, name: &str, test: TestFn) -> Result<()> {
+        self.runtime.block_on(async {
+            let n = self.counter.fetch_add(1, Ordering::Relaxed);
+            let namespace = format!("e2e-{n}-{}", name.replace('_', "-"))
+                .chars()
+                .take(63)
+                .collect::<String>();
+            let namespace = namespace.trim_end_matches('-').to_owned();
+            let ctx = TestContext::create(self, &namespace).await?;
+            let outcome = AssertUnwindSafe(test(ctx.clone())).catch_unwind().await;
+            let result = match outcome {
+                Ok(result) => result,
+                Err(panic) => Err(anyhow::anyhow!("panicked: {}", panic_message(&panic))),
+            };
+            if result.is_err() {
+                self.failures.fetch_add(1, Ordering::Relaxed);
+                eprintln!("{}", ctx.dump().await);
+                if let Some(cluster) = self.cluster.lock().ok().as_ref().and_then(|c| c.as_ref()) {
+                    eprintln!("{}", cluster.log_tails(20));
+                }
+            }
+            ctx.cleanup().await;
+            result
+        })
+    }
+
+    /// The admin client.
+    pub fn client(&self) -> Client {
+        self.client.clone()
+    }
+
+    /// Stops the control plane; keeps its directory (logs) when a test failed.
+    pub fn finish(&self) {
+        if let Some(mut cluster) = self.cluster.lock().ok().and_then(|mut c| c.take()) {
+            cluster.stop();
+        }
+        if self.failures.load(Ordering::Relaxed) == 0 {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        } else {
+            eprintln!(
+                "the control plane's logs are kept in {}",
+                self.dir.join("cluster/logs").display()
+            );
+        }
+    }
+}
+
+impl std::fmt::Debug for Harness {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Harness")
+            .field("dir", &self.dir)
+            .finish_non_exhaustive()
+    }
+}
+
+/// An end-to-end test: an async function of its context.
+pub type TestFn = fn(TestContext) -> futures::future::BoxFuture<'static, Result<()>>;
+
+/// A named end-to-end test; build a list of them with [`tests!`](crate::tests).
+#[derive(Debug, Clone, Copy)]
+pub struct Test {
+    /// The test's name.
+    pub name: &'static str,
+    /// The test.
+    pub run: TestFn,
+}
+
+/// A `&[Test]` of async test functions, each named after its function.
+#[macro_export]
+macro_rules! tests {
+    ($($test:ident),* $(,)?) => {
+        &[$($crate::harness::Test { name: stringify!($test), run: |ctx| Box::pin($test(ctx)) }),*]
+    };
+}
+
+/// Stops the processes of earlier runs whose harness died without stopping them.
+fn reap_abandoned_runs() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let is_run = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with(RUN_DIR_PREFIX));
+        let owner = std::fs::read_to_string(path.join("owner"))
+            .ok()
+            .and_then(|s| s.trim().parse::<i32>().ok());
+        let Some(owner) = owner.filter(|_| is_run) else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{owner}")).exists() {
+            match stop_recorded(&path.join("cluster")) {
+                Ok(n) if n > 0 => eprintln!(
+                    "stopped {n} processes left by an earlier run in {}",
+                    path.display()
+                ),
+                _ => {}
+            }
+            let _ = std::fs::remove_dir_all(&path);
+        }
+    }
+}
+
+fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+        .unwrap_or_else(|| "unknown panic".into())
+}
+
+/// What one test works with.
+#[derive(Clone)]
+pub struct TestContext {
+    /// An admin client.
+    pub client: Client,
+    /// The test's own namespace.
+    pub namespace: String,
+    kubeconfig: PathBuf,
+    kubectl: PathBuf,
+    nodes: Arc<Mutex<Vec<String>>>,
+}
+
+impl std::fmt::Debug for TestContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TestContext")
+            .field("namespace", &self.namespace)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TestContext {
+    async fn create(harness: &Harness, namespace: &str) -> Result<TestContext> {
+        let ns: Namespace =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": namespace}}))?;
+        Api::<Namespace>::all(harness.client())
+            .create(&PostParams::default(), &ns)
+            .await
+            .context("creating the test namespace")?;
+        Ok(TestContext {
+            client: harness.client(),
+            namespace: namespace.into(),
+            kubeconfig: harness.kubeconfig.clone(),
+            kubectl: harness.kubectl.clone(),
+            nodes: Arc::default(),
+        })
+    }
+
+    /// The API of a namespaced kind in the test's namespace.
+    pub fn api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+        K::DynamicType: Default,
+    {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    /// The API of a cluster-scoped kind.
+    pub fn cluster_api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::ClusterResourceScope>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+        K::DynamicType: Default,
+    {
+        Api::all(self.client.clone())
+    }
+
+    /// Runs kubectl with `args` (in the test's namespace unless `args` names one) and returns
+    /// its output, whatever the exit status.
+    pub fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> Result<Output> {
+        use std::io::Write;
+        let mut command = std::process::Command::new(&self.kubectl);
+        command.env("KUBECONFIG", &self.kubeconfig).args(args);
+        if !args
+            .iter()
+            .any(|a| *a == "-A" || a.starts_with("--namespace") || *a == "-n")
+        {
+            command.arg(format!("--namespace={}", self.namespace));
+        }
+        command
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        let mut child = command.spawn().context("starting kubectl")?;
+        if let Some(mut pipe) = child.stdin.take() {
+            pipe.write_all(stdin.unwrap_or_default().as_bytes())?;
+        }
+        Ok(child.wait_with_output()?)
+    }
+
+    /// Runs kubectl and returns its stdout, failing with its stderr when it fails.
+    pub fn kubectl_ok(&self, args: &[&str], stdin: Option<&str>) -> Result<String> {
+        let output = self.kubectl(args, stdin)?;
+        if !output.status.success() {
+            bail!(
+                "kubectl {} failed: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+
+    /// Creates a kwok-managed node for this test; its name is prefixed with the namespace and
+    /// it is deleted when the test ends.
+    pub async fn fake_node(&self, node: FakeNode) -> Result<Node> {
+        let name = format!("{}-{}", self.namespace, node.name);
+        let node_object: Node = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": name,
+                "labels": node.labels_with_defaults(&name),
+                "annotations": {KWOK_ANNOTATION: "fake"},
+            },
+            "spec": {"taints": node.taints},
+            "status": {"capacity": node.capacity, "allocatable": node.capacity},
+        }))?;
+        self.nodes
+            .lock()
+            .map_err(|_| anyhow::anyhow!("node list poisoned"))?
+            .push(name.clone());
+        Ok(self
+            .cluster_api::<Node>()
+            .create(&PostParams::default(), &node_object)
+            .await?)
+    }
+
+    /// Waits until `check` returns `Some`, polling every 100 ms, for at most `timeout`.
+    pub async fn wait_for<T, F, Fut>(
+        &self,
+        what: &str,
+        timeout: Duration,
+        mut check: F,
+    ) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<Option<T>>>,
+    {
+        let deadline = Instant::now() + timeout;
+        let mut last_error = None;
+        loop {
+            match check().await {
+                Ok(Some(value)) => return Ok(value),
+                Ok(None) => {}
+                Err(e) => last_error = Some(e),
+            }
+            if Instant::now() > deadline {
+                let detail = last_error
+                    .map(|e| format!(" (last error: {e:#})"))
+                    .unwrap_or_default();
+                bail!("timed out after {timeout:?} waiting for {what}{detail}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The objects a failure report should show.
+    async fn dump(&self) -> String {
+        let mut out = format!("=== objects in namespace {} ===\n", self.namespace);
+        for args in [
+            &[
+                "get",
+                "pods,jobs,jobsets,gpuslices,ganggroups",
+                "-o",
+                "wide",
+            ][..],
+            &["get", "events", "--sort-by=.lastTimestamp"][..],
+            &["get", "nodes,topologygroups", "-o", "wide"][..],
+        ] {
+            match self.kubectl(args, None) {
+                Ok(o) => {
+                    out.push_str(&String::from_utf8_lossy(&o.stdout));
+                    out.push_str(&String::from_utf8_lossy(&o.stderr));
+                }
+                Err(e) => out.push_str(&format!("kubectl {}: {e}\n", args.join(" "))),
+            }
+        }
+        out
+    }
+
+    async fn cleanup(&self) {
+        let nodes: Vec<String> = self.nodes.lock().map(|n| n.clone()).unwrap_or_default();
+        for node in nodes {
+            let _ = self
+                .cluster_api::<Node>()
+                .delete(&node, &DeleteParams::default())
+                .await;
+        }
+        let _ = Api::<Namespace>::all(self.client.clone())
+            .delete(&self.namespace, &DeleteParams::background())
+            .await;
+    }
+}
+
+/// The rows of a `kubectl get` table, each a map from column header to cell, cut at the
+/// headers' positions (cells may be blank, so splitting on whitespace would misalign them).
+pub fn parse_table(text: &str) -> Vec<BTreeMap<String, String>> {
+    let mut lines = text.lines();
+    let Some(header) = lines.next() else {
+        return Vec::new();
+    };
+    let mut starts: Vec<(usize, &str)> = Vec::new();
+    let mut offset = 0;
+    for word in header.split_whitespace() {
+        let at = header[offset..].find(word).map_or(offset, |i| offset + i);
+        starts.push((at, word));
+        offset = at + word.len();
+    }
+    lines
+        .map(|line| {
+            starts
+                .iter()
+                .enumerate()
+                .map(|(i, &(start, name))| {
+                    let end = starts
+                        .get(i + 1)
+                        .map_or(line.len(), |&(next, _)| next.min(line.len()));
+                    let cell = line
+                        .get(start.min(line.len())..end)
+                        .unwrap_or_default()
+                        .trim();
+                    (name.to_owned(), cell.to_owned())
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// A kwok-managed node to create.
+#[derive(Debug, Clone)]
+pub struct FakeNode {
+    name: String,
+    labels: BTreeMap<String, String>,
+    capacity: BTreeMap<String, String>,
+    taints: Vec<serde_json::Value>,
+}
+
+impl FakeNode {
+    /// A node with 64 CPUs, 512 GiB and 110 pods, and no GPUs yet.
+    pub fn new(name: &str) -> FakeNode {
+        let capacity = [("cpu", "64"), ("memory", "512Gi"), ("pods", "110")]
+            .into_iter()
+            .map(|(k, v)| (k.into(), v.into()))
+            .collect();
+        FakeNode {
+            name: name.into(),
+            labels: BTreeMap::new(),
+            capacity,
+            taints: Vec::new(),
+        }
+    }
+
+    /// Adds a label.
+    pub fn label(mut self, key: &str, value: &str) -> FakeNode {
+        self.labels.insert(key.into(), value.into());
+        self
+    }
+
+    /// Sets a capacity (and allocatable) entry, such as `nvidia.com/gpu: 8`.
+    pub fn capacity(mut self, resource: &str, quantity: &str) -> FakeNode {
+        self.capacity.insert(resource.into(), quantity.into());
+        self
+    }
+
+    /// Adds a taint.
+    pub fn taint(mut self, key: &str, value: &str, effect: &str) -> FakeNode {
+        self.taints
+            .push(serde_json::json!({"key": key, "value": value, "effect": effect}));
+        self
+    }
+
+    fn labels_with_defaults(&self, name: &str) -> BTreeMap<String, String> {
+        let mut labels = self.labels.clone();
+        labels
+            .entry("kubernetes.io/hostname".into())
+            .or_insert_with(|| name.into());
+        labels.entry("type".into()).or_insert_with(|| "kwok".into());
+        labels
+    }
+}

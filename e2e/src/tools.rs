@@ -1,0 +1,65 @@
+//! The upstream binaries, built from the pinned Go tools modules by `e2e/scripts/build-tools.sh`.
+
+use anyhow::{Context, Result, bail};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// Where each family of upstream binaries lives.
+#[derive(Debug, Clone)]
+pub struct Tools {
+    /// etcd.
+    pub etcd: PathBuf,
+    /// kube-apiserver, kube-controller-manager, kube-scheduler, kubectl.
+    pub k8s: PathBuf,
+    /// The JobSet controller and its CRD.
+    pub jobset: PathBuf,
+    /// kwok.
+    pub kwok: PathBuf,
+}
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+}
+
+impl Tools {
+    /// Builds the binaries if the cache lacks them (minutes on a fresh machine, with progress on
+    /// stderr) and returns where they are.
+    pub fn ensure() -> Result<Tools> {
+        let script = repo_root().join("e2e/scripts/build-tools.sh");
+        let output = Command::new(&script)
+            .stderr(Stdio::inherit())
+            .output()
+            .with_context(|| format!("running {}", script.display()))?;
+        if !output.status.success() {
+            bail!("{} failed ({})", script.display(), output.status);
+        }
+        let dirs: Vec<PathBuf> = String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .map(PathBuf::from)
+            .collect();
+        let family = |prefix: &str| {
+            dirs.iter()
+                .find(|d| {
+                    d.file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n.starts_with(prefix))
+                })
+                .cloned()
+                .with_context(|| format!("build-tools.sh printed no {prefix} directory"))
+        };
+        Ok(Tools {
+            etcd: family("etcd-")?,
+            k8s: family("k8s-")?,
+            jobset: family("jobset-")?,
+            kwok: family("kwok-")?,
+        })
+    }
+
+    /// The kubectl built with the control plane (same version, so no skew warnings).
+    pub fn kubectl(&self) -> PathBuf {
+        self.k8s.join("kubectl")
+    }
+}

@@ -1,0 +1,32 @@
+//! End-to-end tests against a real control plane (etcd, kube-apiserver, kube-controller-manager,
+//! JobSet, kwok) that this binary starts once for the whole run and stops at the end, also when
+//! a test fails or the run is interrupted.
+
+mod control_plane;
+
+use libtest_mimic::Arguments;
+use runtimekit_e2e::Harness;
+use runtimekit_e2e::harness::Test;
+use std::process::ExitCode;
+
+/// Every test of the suite.
+fn tests() -> Vec<Test> {
+    [control_plane::TESTS].concat()
+}
+
+fn main() -> ExitCode {
+    let args = Arguments::from_args();
+    if args.list {
+        return libtest_mimic::run(&args, Harness::trials(None, &tests())).exit_code();
+    }
+    let harness = match Harness::start() {
+        Ok(h) => h,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let conclusion = libtest_mimic::run(&args, Harness::trials(Some(&harness), &tests()));
+    harness.finish();
+    conclusion.exit_code()
+}
