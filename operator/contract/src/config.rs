@@ -65,6 +65,31 @@ pub struct RuntimeKitConfig {
     pub scheduler_name: String,
     /// The RuntimeClass that GPU pods of this scheduler must use.
     pub runtime_class_name: String,
+    /// The node labels that place a node in the network topology.
+    pub topology_labels: TopologyLabels,
+}
+
+/// The node labels that name a node's HyperNode, leaf switch and network pod; the operator
+/// derives the higher-tier TopologyGroups from them.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct TopologyLabels {
+    /// The label naming the node's HyperNode.
+    pub hyper_node: String,
+    /// The label naming the node's leaf (access) switch.
+    pub leaf_switch: String,
+    /// The label naming the node's network pod.
+    pub network_pod: String,
+}
+
+impl Default for TopologyLabels {
+    fn default() -> Self {
+        TopologyLabels {
+            hyper_node: "runtimekit.aliyun.com/hypernode".into(),
+            leaf_switch: "runtimekit.aliyun.com/leaf-switch".into(),
+            network_pod: "runtimekit.aliyun.com/network-pod".into(),
+        }
+    }
 }
 
 impl Default for RuntimeKitConfig {
@@ -74,6 +99,7 @@ impl Default for RuntimeKitConfig {
             memory_unit: MemoryUnit::GiB,
             scheduler_name: DEFAULT_SCHEDULER_NAME.into(),
             runtime_class_name: DEFAULT_RUNTIME_CLASS.into(),
+            topology_labels: TopologyLabels::default(),
         }
     }
 }

@@ -1,0 +1,126 @@
+//! The operator's Prometheus metrics and its HTTP endpoints: `/metrics`, `/healthz` and `/readyz`
+//! (ready after the first full sync of every watched kind).
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// How a scheduling attempt ended.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+pub enum AttemptResult {
+    /// The pod was bound.
+    Scheduled,
+    /// No node fits; the pod waits.
+    Unschedulable,
+    /// The pod breaks the resource contract.
+    Invalid,
+    /// A write failed; the pod is retried.
+    Error,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: AttemptResult,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PhaseLabels {
+    phase: String,
+}
+
+/// Every metric the operator exports.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    attempts: Family<ResultLabels, Counter>,
+    /// Time the placement engine took per decision.
+    pub decision_seconds: Histogram,
+    /// Time from a pod's creation to its Binding being accepted.
+    pub create_to_bound_seconds: Histogram,
+    /// Time the writes of one binding (GpuSlices and the Binding) took.
+    pub binding_seconds: Histogram,
+    /// Pods waiting to be scheduled.
+    pub queue_depth: Gauge,
+    gangs: Family<PhaseLabels, Gauge>,
+    ready: AtomicBool,
+}
+
+impl Metrics {
+    /// A fresh set of metrics, registered under the `runtimekit_operator` prefix.
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("runtimekit_operator");
+        let attempts = Family::<ResultLabels, Counter>::default();
+        registry.register("scheduling_attempts", "Scheduling attempts by result", attempts.clone());
+        let decision_seconds = Histogram::new(exponential_buckets(1e-6, 4.0, 12));
+        registry.register("decision_seconds", "Time the placement engine took per decision", decision_seconds.clone());
+        let create_to_bound_seconds = Histogram::new(exponential_buckets(0.005, 2.0, 14));
+        registry.register("create_to_bound_seconds", "Time from pod creation to binding", create_to_bound_seconds.clone());
+        let binding_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 14));
+        registry.register("binding_seconds", "Time the GpuSlice and Binding writes of one pod took", binding_seconds.clone());
+        let queue_depth = Gauge::default();
+        registry.register("queue_depth", "Pods waiting to be scheduled", queue_depth.clone());
+        let gangs = Family::<PhaseLabels, Gauge>::default();
+        registry.register("gangs", "GangGroups by phase", gangs.clone());
+        Metrics { registry, attempts, decision_seconds, create_to_bound_seconds, binding_seconds, queue_depth, gangs, ready: AtomicBool::new(false) }
+    }
+
+    /// Counts one scheduling attempt.
+    pub fn attempt(&self, result: AttemptResult) {
+        self.attempts.get_or_create(&ResultLabels { result }).inc();
+    }
+
+    /// Sets how many gangs are in `phase`.
+    pub fn set_gangs(&self, phase: &str, count: i64) {
+        self.gangs.get_or_create(&PhaseLabels { phase: phase.into() }).set(count);
+    }
+
+    /// Marks the operator ready (after the first full sync).
+    pub fn set_ready(&self) {
+        self.ready.store(true, Ordering::Relaxed);
+    }
+
+    fn encode(&self) -> Result<String, std::fmt::Error> {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry)?;
+        Ok(text)
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+/// Serves the endpoints on `addr` until the task is dropped.
+pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<()> {
+    let app = Router::new()
+        .route("/metrics", get(metrics_handler))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(ready_handler))
+        .with_state(metrics);
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    axum::serve(listener, app).await
+}
+
+async fn metrics_handler(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
+    match metrics.encode() {
+        Ok(text) => (StatusCode::OK, [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text),
+        Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, [(header::CONTENT_TYPE, "text/plain")], "encoding failed".into()),
+    }
+}
+
+async fn ready_handler(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
+    if metrics.ready.load(Ordering::Relaxed) { (StatusCode::OK, "ok") } else { (StatusCode::SERVICE_UNAVAILABLE, "not synced yet") }
+}
