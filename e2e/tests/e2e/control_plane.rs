@@ -18,6 +18,7 @@ pub const TESTS: &[Test] = tests![
     printer_columns_show_real_values,
     jobset_creates_its_pods,
     kwok_node_runs_bound_pods,
+    deployment_manifests_are_accepted,
 ];
 
 async fn crds_are_established_and_documented(ctx: TestContext) -> Result<()> {
@@ -379,4 +380,33 @@ async fn kwok_node_runs_bound_pods(ctx: TestContext) -> Result<()> {
         },
     )
     .await
+}
+
+async fn deployment_manifests_are_accepted(ctx: TestContext) -> Result<()> {
+    let config = runtimekit_e2e::tools::repo_root().join("config");
+    let config = config.to_string_lossy();
+    let rendered = ctx.kubectl_ok(&["kustomize", &config], None)?;
+    ensure!(
+        rendered.contains("kind: Deployment") && rendered.contains("kind: RuntimeClass"),
+        "kustomize output:\n{rendered}"
+    );
+    // A server-side dry run validates every object against the real API, CRDs included; the
+    // namespaced objects need their namespace to exist.
+    ctx.kubectl_ok(&["apply", "-f", "-"], Some(r#"{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "runtimekit-system"}}"#))?;
+    let applied = ctx.kubectl_ok(
+        &[
+            "apply",
+            "--server-side",
+            "--dry-run=server",
+            "--namespace=runtimekit-system",
+            "-k",
+            &config,
+        ],
+        None,
+    )?;
+    ensure!(
+        applied.contains("deployment.apps/runtimekit-operator serverside-applied (server dry run)"),
+        "dry run:\n{applied}"
+    );
+    Ok(())
 }
