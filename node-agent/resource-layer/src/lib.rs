@@ -1,1 +1,35 @@
-//! The resource layer (to be written).
+//! The resource layer: the only part of the node agent that touches hardware, behind the
+//! versioned gRPC API of `runtimekit-proto` (`runtimekit.resource.v1alpha1`), served on a unix
+//! socket.
+//!
+//! - [`backend::Backend`] is the one internal trait; [`sim::SimulatedBackend`] (hardware
+//!   profiles, the real MIG rules, time-varying metrics, fault injection) and
+//!   [`nvml::NvmlBackend`] (NVIDIA cards through NVML, loaded at run time) implement it.
+//! - [`server::serve`] serves a backend on a socket inside the caller's tokio runtime and
+//!   returns a handle, so tests and the node agent can embed many servers in one process.
+//! - [`client::connect`] and friends connect to a socket.
+//! - [`probe::report`] is the read-only report the `probe` command prints.
+
+pub mod backend;
+pub mod client;
+pub mod error;
+pub mod faults;
+pub mod health;
+pub mod instances;
+pub mod nvml;
+pub mod probe;
+pub mod server;
+pub mod sim;
+pub mod store;
+pub mod sysfs;
+pub mod topology;
+pub mod util;
+pub mod watch;
+
+pub use backend::{Backend, DestroyTarget, FaultInjector};
+pub use client::{connect, connect_lazy, fault_client, resource_client};
+pub use error::{LayerError, reason_of};
+pub use nvml::{NvmlBackend, NvmlOptions};
+pub use server::{ServeError, ServeOptions, ServerHandle, serve};
+pub use sim::{SimOptions, SimProfile, SimulatedBackend};
+pub use util::Clock;

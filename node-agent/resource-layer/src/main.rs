@@ -1,0 +1,207 @@
+//! `runtimekit-resource-layer`: serves the resource-layer API on a unix socket, or prints a
+//! read-only probe of the cards.
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use runtimekit_resource_layer::{
+    Backend, NvmlBackend, NvmlOptions, ServeOptions, SimOptions, SimulatedBackend, probe, serve,
+    sim::shipped_names,
+};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Parser, Debug)]
+#[command(name = "runtimekit-resource-layer", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Serve the resource-layer gRPC API on a unix socket.
+    Serve {
+        #[command(flatten)]
+        backend: BackendArgs,
+        /// The unix socket to listen on.
+        #[arg(
+            long,
+            env = "RUNTIMEKIT_RESOURCE_SOCKET",
+            default_value = "/run/runtimekit/resource-layer.sock"
+        )]
+        socket: PathBuf,
+        /// The longest a call may run when the caller sets no deadline, in milliseconds.
+        #[arg(long, default_value_t = 30_000)]
+        call_timeout_ms: u64,
+    },
+    /// Print what the backend sees (cards, topology, MIG mode and instances, metrics, health)
+    /// and exit. Read-only: changes no MIG mode and no instance.
+    Probe {
+        #[command(flatten)]
+        backend: BackendArgs,
+        /// Skip metrics.
+        #[arg(long)]
+        no_metrics: bool,
+        /// How long to watch for health events before reporting, in milliseconds.
+        #[arg(long, default_value_t = 2_000)]
+        health_wait_ms: u64,
+    },
+    /// List the hardware profiles shipped with the simulated backend.
+    Profiles,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum BackendKind {
+    /// Cards from a hardware profile (tests, demo).
+    Simulated,
+    /// NVIDIA cards through NVML.
+    Nvml,
+}
+
+#[derive(Args, Debug)]
+struct BackendArgs {
+    /// Which backend.
+    #[arg(long, value_enum)]
+    backend: BackendKind,
+    /// Simulated: a shipped profile name or a profile YAML file.
+    #[arg(long, required_if_eq("backend", "simulated"))]
+    profile: Option<String>,
+    /// The node name (simulated card UUIDs derive from it).
+    #[arg(long, env = "NODE_NAME", default_value = "")]
+    node_name: String,
+    /// Simulated: seed of the readings.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Where instance keys and shares are kept across restarts.
+    #[arg(long)]
+    state_file: Option<PathBuf>,
+    /// How long a hardware call runs before its card gets a CALL_HANG fault, in milliseconds.
+    #[arg(long, default_value_t = 5_000)]
+    hang_threshold_ms: u64,
+    /// NVML: the library to load instead of libnvidia-ml.so.1 from the library path.
+    #[arg(long)]
+    nvml_lib: Option<PathBuf>,
+    /// NVML: the sysfs root.
+    #[arg(long, default_value = "/sys")]
+    sysfs: PathBuf,
+    /// NVML: do not check that processes holding card memory still exist (for a resource
+    /// layer outside the host PID namespace).
+    #[arg(long)]
+    no_process_liveness: bool,
+}
+
+impl BackendArgs {
+    fn open(&self) -> Result<Arc<dyn Backend>, runtimekit_resource_layer::LayerError> {
+        let hang_threshold = Duration::from_millis(self.hang_threshold_ms);
+        Ok(match self.backend {
+            BackendKind::Simulated => {
+                let profile = self.profile.as_deref().unwrap_or_default();
+                Arc::new(SimulatedBackend::from_profile(
+                    profile,
+                    SimOptions {
+                        node_name: if self.node_name.is_empty() {
+                            SimOptions::default().node_name
+                        } else {
+                            self.node_name.clone()
+                        },
+                        seed: self.seed,
+                        state_file: self.state_file.clone(),
+                        hang_threshold,
+                        ..SimOptions::default()
+                    },
+                )?)
+            }
+            BackendKind::Nvml => Arc::new(NvmlBackend::new(NvmlOptions {
+                lib_path: self.nvml_lib.clone(),
+                node_name: self.node_name.clone(),
+                state_file: self.state_file.clone(),
+                sysfs_root: self.sysfs.clone(),
+                hang_threshold,
+                check_process_liveness: !self.no_process_liveness,
+                ..NvmlOptions::default()
+            })?),
+        })
+    }
+}
+
+async fn run(cli: Cli) -> Result<(), String> {
+    match cli.command {
+        Command::Profiles => {
+            for name in shipped_names() {
+                let profile =
+                    runtimekit_resource_layer::SimProfile::load(name).map_err(|e| e.to_string())?;
+                println!("{name}: {}", profile.description);
+            }
+            Ok(())
+        }
+        Command::Probe {
+            backend,
+            no_metrics,
+            health_wait_ms,
+        } => {
+            let backend = backend.open().map_err(|e| e.to_string())?;
+            tokio::time::sleep(Duration::from_millis(health_wait_ms)).await;
+            let text =
+                tokio::task::spawn_blocking(move || probe::report(backend.as_ref(), !no_metrics))
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .map_err(|e| e.to_string())?;
+            print!("{text}");
+            Ok(())
+        }
+        Command::Serve {
+            backend,
+            socket,
+            call_timeout_ms,
+        } => {
+            let backend = backend.open().map_err(|e| e.to_string())?;
+            let handle = serve(
+                backend,
+                &socket,
+                ServeOptions {
+                    call_timeout: Duration::from_millis(call_timeout_ms),
+                },
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+            let mut terminate =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                    .map_err(|e| format!("cannot watch SIGTERM: {e}"))?;
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = terminate.recv() => {}
+            }
+            tracing::info!("stopping");
+            handle.shutdown().await.map_err(|e| e.to_string())
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
