@@ -64,8 +64,8 @@ pub struct GangGroupSpec {
     #[x_kube(validation = Rule::new("self >= 1").message("minMember must be at least 1"))]
     pub min_member: u32,
 
-    /// Seconds the group has, from its first reservation, to have every member bound and
-    /// running before all reservations are rolled back and the group retries.
+    /// Seconds each attempt has, from its start, to have every member bound and running before
+    /// all reservations are rolled back and the group retries with backoff.
     #[serde(default = "default_timeout_seconds")]
     #[x_kube(validation = Rule::new("self >= 1 && self <= 86400").message("timeoutSeconds must be between 1 and 86400"))]
     pub timeout_seconds: u32,
@@ -145,9 +145,10 @@ pub struct GangGroupStatus {
     #[serde(default)]
     pub attempts: u32,
 
-    /// When the current attempt reserved capacity; the timeout counts from here.
+    /// When the current attempt began (its first member appeared, or the backoff after a
+    /// rollback ended); the timeout counts from here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reserved_time: Option<Timestamp>,
+    pub attempt_start_time: Option<Timestamp>,
 
     /// A human-readable explanation of the phase, for example why the gang does not fit.
     #[serde(default, skip_serializing_if = "Option::is_none")]

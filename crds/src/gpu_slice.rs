@@ -110,6 +110,11 @@ pub struct GpuSliceSpec {
     /// Name of the GangGroup the pod belongs to, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gang: Option<String>,
+
+    /// The RDMA NICs attached to the container (`aliyun.com/rdma: 1`), recorded on its first
+    /// card's slice.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nics: Vec<String>,
 }
 
 /// A physical card on a node.

@@ -61,18 +61,47 @@ impl Metrics {
     pub fn new() -> Metrics {
         let mut registry = Registry::with_prefix("runtimekit_operator");
         let attempts = Family::<ResultLabels, Counter>::default();
-        registry.register("scheduling_attempts", "Scheduling attempts by result", attempts.clone());
+        registry.register(
+            "scheduling_attempts",
+            "Scheduling attempts by result",
+            attempts.clone(),
+        );
         let decision_seconds = Histogram::new(exponential_buckets(1e-6, 4.0, 12));
-        registry.register("decision_seconds", "Time the placement engine took per decision", decision_seconds.clone());
+        registry.register(
+            "decision_seconds",
+            "Time the placement engine took per decision",
+            decision_seconds.clone(),
+        );
         let create_to_bound_seconds = Histogram::new(exponential_buckets(0.005, 2.0, 14));
-        registry.register("create_to_bound_seconds", "Time from pod creation to binding", create_to_bound_seconds.clone());
+        registry.register(
+            "create_to_bound_seconds",
+            "Time from pod creation to binding",
+            create_to_bound_seconds.clone(),
+        );
         let binding_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 14));
-        registry.register("binding_seconds", "Time the GpuSlice and Binding writes of one pod took", binding_seconds.clone());
+        registry.register(
+            "binding_seconds",
+            "Time the GpuSlice and Binding writes of one pod took",
+            binding_seconds.clone(),
+        );
         let queue_depth = Gauge::default();
-        registry.register("queue_depth", "Pods waiting to be scheduled", queue_depth.clone());
+        registry.register(
+            "queue_depth",
+            "Pods waiting to be scheduled",
+            queue_depth.clone(),
+        );
         let gangs = Family::<PhaseLabels, Gauge>::default();
         registry.register("gangs", "GangGroups by phase", gangs.clone());
-        Metrics { registry, attempts, decision_seconds, create_to_bound_seconds, binding_seconds, queue_depth, gangs, ready: AtomicBool::new(false) }
+        Metrics {
+            registry,
+            attempts,
+            decision_seconds,
+            create_to_bound_seconds,
+            binding_seconds,
+            queue_depth,
+            gangs,
+            ready: AtomicBool::new(false),
+        }
     }
 
     /// Counts one scheduling attempt.
@@ -82,7 +111,11 @@ impl Metrics {
 
     /// Sets how many gangs are in `phase`.
     pub fn set_gangs(&self, phase: &str, count: i64) {
-        self.gangs.get_or_create(&PhaseLabels { phase: phase.into() }).set(count);
+        self.gangs
+            .get_or_create(&PhaseLabels {
+                phase: phase.into(),
+            })
+            .set(count);
     }
 
     /// Marks the operator ready (after the first full sync).
@@ -116,11 +149,26 @@ pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<(
 
 async fn metrics_handler(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
     match metrics.encode() {
-        Ok(text) => (StatusCode::OK, [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text),
-        Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, [(header::CONTENT_TYPE, "text/plain")], "encoding failed".into()),
+        Ok(text) => (
+            StatusCode::OK,
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            text,
+        ),
+        Err(_) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            [(header::CONTENT_TYPE, "text/plain")],
+            "encoding failed".into(),
+        ),
     }
 }
 
 async fn ready_handler(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
-    if metrics.ready.load(Ordering::Relaxed) { (StatusCode::OK, "ok") } else { (StatusCode::SERVICE_UNAVAILABLE, "not synced yet") }
+    if metrics.ready.load(Ordering::Relaxed) {
+        (StatusCode::OK, "ok")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not synced yet")
+    }
 }

@@ -3,6 +3,7 @@
 //! a test fails or the run is interrupted.
 
 mod control_plane;
+mod operator;
 
 use libtest_mimic::Arguments;
 use runtimekit_e2e::Harness;
@@ -11,11 +12,13 @@ use std::process::ExitCode;
 
 /// Every test of the suite.
 fn tests() -> Vec<Test> {
-    [control_plane::TESTS].concat()
+    [control_plane::TESTS, operator::TESTS].concat()
 }
 
 fn main() -> ExitCode {
-    let args = Arguments::from_args();
+    let mut args = Arguments::from_args();
+    // Tests share one control plane and schedulers see every node, so they run one at a time.
+    args.test_threads.get_or_insert(1);
     if args.list {
         return libtest_mimic::run(&args, Harness::trials(None, &tests())).exit_code();
     }

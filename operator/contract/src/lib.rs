@@ -4,6 +4,7 @@
 //! The operator's scheduler and admission path, the node agent and the exporter all use this
 //! crate, so a rule is written once and reads the same everywhere.
 
+pub mod allocation;
 pub mod config;
 pub mod mig;
 pub mod quantity;

@@ -1,0 +1,898 @@
+//! The operator against the real control plane: every seed scenario of the usage guide, gangs
+//! through the real JobSet controller, failures with their reasons, and restarts. No node agent
+//! runs here, so each test writes the node-tier TopologyGroup status an agent would. After every
+//! test the invariants are checked: no card over-committed, every bound GPU pod holds exactly its
+//! slices, no slice without a live pod.
+
+use anyhow::{Context, Result, bail, ensure};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use runtimekit_contract::allocation::Allocation;
+use runtimekit_contract::{RuntimeKitConfig, parse_pod};
+use runtimekit_crds::{
+    CardHealth, CardStatus, GangGroup, GangPhase, GpuSlice, NicStatus, SliceMode, TopologyGroup,
+    Vendor,
+};
+use runtimekit_e2e::harness::Test;
+use runtimekit_e2e::{FakeNode, TestContext, tests};
+use runtimekit_operator::leader::Timing;
+use runtimekit_operator::run::{RunOptions, run_with};
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::Duration;
+use tokio::sync::oneshot;
+
+pub const TESTS: &[Test] = tests![
+    whole_card,
+    tdm_half_a_card_and_4_gib,
+    mig_3_slices_and_4_gib,
+    two_cards_of_one_configuration,
+    ppu_810e_four_cards_in_one_group,
+    ppu_m890p_four_cards_with_rdma,
+    seven_worker_jobset_gang,
+    gang_that_cannot_fit_stays_pending,
+    gang_with_missing_members_times_out,
+    contract_violations_are_reported,
+    operator_killed_mid_burst_loses_nothing,
+    standby_takes_over_when_the_leader_dies,
+];
+
+/// An operator running inside the test process.
+struct Operator {
+    shutdown: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<Result<()>>,
+}
+
+impl Operator {
+    async fn start(ctx: &TestContext, identity: &str) -> Result<Operator> {
+        // Pods name the lj-runtime RuntimeClass, which admission requires to exist.
+        let runtime_class =
+            runtimekit_e2e::tools::repo_root().join("config/runtime/runtimeclass.yaml");
+        ctx.kubectl_ok(&["apply", "-f", &runtime_class.to_string_lossy()], None)?;
+        let listen = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+        let options = RunOptions {
+            config: None,
+            listen,
+            identity: identity.into(),
+            namespace: ctx.namespace.clone(),
+            lease: "lj-runtimekit-scheduler".into(),
+            timing: Timing {
+                lease_duration: Duration::from_secs(4),
+                renew_deadline: Duration::from_secs(3),
+                retry_period: Duration::from_millis(500),
+            },
+        };
+        let (tx, rx) = oneshot::channel();
+        let client = ctx.client.clone();
+        let task = tokio::spawn(run_with(client, options, async move {
+            let _ = rx.await;
+        }));
+        Ok(Operator {
+            shutdown: Some(tx),
+            task,
+        })
+    }
+
+    /// Stops it as a crash would: no lease release, writes in flight dropped.
+    fn kill(self) {
+        self.task.abort();
+    }
+
+    async fn stop(mut self) -> Result<()> {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        self.task.await.context("operator task")?
+    }
+}
+
+/// An NVIDIA card of `model` as an agent would report it.
+fn nvidia(index: u32, model: &str, memory_gib: u64, mig: bool, switch: u32) -> CardStatus {
+    CardStatus {
+        index,
+        uuid: format!("GPU-{model}-{index}"),
+        vendor: Vendor::Nvidia,
+        model: format!("NVIDIA {model}"),
+        memory_mib: memory_gib * 1024,
+        mig_capable: true,
+        mig_enabled: mig,
+        health: CardHealth::Healthy,
+        health_reason: None,
+        pcie_switch: Some(format!("sw{switch}")),
+        numa_node: Some(switch / 2),
+        socket: Some(switch / 2),
+        interconnect_group: None,
+        nvlink_peers: (0..8).filter(|p| *p != index).collect(),
+        mig_instances: vec![],
+    }
+}
+
+fn ppu(index: u32, model: &str, group: Option<&str>, switch: u32) -> CardStatus {
+    CardStatus {
+        vendor: Vendor::Ppu,
+        model: model.into(),
+        memory_mib: 96 * 1024,
+        mig_capable: false,
+        interconnect_group: group.map(Into::into),
+        nvlink_peers: vec![],
+        uuid: format!("PPU-{model}-{index}"),
+        ..nvidia(index, model, 96, false, switch)
+    }
+}
+
+fn nic(switch: u32) -> NicStatus {
+    NicStatus {
+        name: format!("mlx5_{switch}"),
+        pcie_switch: Some(format!("sw{switch}")),
+        numa_node: Some(switch / 2),
+        socket: Some(switch / 2),
+    }
+}
+
+/// A kwok GPU node with the TopologyGroup status its agent would write; returns its name.
+async fn gpu_node(
+    ctx: &TestContext,
+    name: &str,
+    cards: Vec<CardStatus>,
+    nics: Vec<NicStatus>,
+    labels: &[(&str, &str)],
+) -> Result<String> {
+    let mut node = FakeNode::new(name).label("lj_runtimekit_enable", "true");
+    for (k, v) in labels {
+        node = node.label(k, v);
+    }
+    let node = ctx.fake_node(node).await?;
+    let node_name = node.name_any();
+    let groups = ctx.cluster_api::<TopologyGroup>();
+    let params = PatchParams::apply("e2e-agent").force();
+    let group = json!({"apiVersion": "runtimekit.aliyun.com/v1alpha1", "kind": "TopologyGroup", "metadata": {"name": node_name}, "spec": {"tier": "Node", "nodeName": node_name}});
+    groups
+        .patch(&node_name, &params, &Patch::Apply(&group))
+        .await?;
+    let healthy = u32::try_from(cards.len())?;
+    let status = json!({"apiVersion": "runtimekit.aliyun.com/v1alpha1", "kind": "TopologyGroup", "status": {
+        "cards": cards, "nics": nics, "heartbeatTime": Time(Timestamp::now()),
+        "capacity": {"nodes": 1, "cards": healthy, "healthyCards": healthy, "freeCards": healthy, "migCards": 0}}});
+    groups
+        .patch_status(&node_name, &params, &Patch::Apply(&status))
+        .await?;
+    Ok(node_name)
+}
+
+fn h800_node() -> Vec<CardStatus> {
+    (0..8)
+        .map(|i| nvidia(i, "H800", 80, i >= 6, i / 2))
+        .collect()
+}
+
+/// Creates a pod from JSON in the test's namespace.
+async fn create_pod(ctx: &TestContext, pod: serde_json::Value) -> Result<Pod> {
+    let pod: Pod = serde_json::from_value(pod)?;
+    Ok(ctx
+        .api::<Pod>()
+        .create(&PostParams::default(), &pod)
+        .await?)
+}
+
+fn gpu_pod(name: &str, limits: serde_json::Value) -> serde_json::Value {
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": {
+        "schedulerName": "lj-runtimekit-scheduler", "runtimeClassName": "lj-runtime",
+        "containers": [{"name": "app", "image": "busybox", "resources": {"limits": limits}}]}})
+}
+
+/// Waits until the pod is bound and returns it with its slices.
+async fn bound(ctx: &TestContext, name: &str) -> Result<(Pod, Vec<GpuSlice>)> {
+    let pods = ctx.api::<Pod>();
+    let pod = ctx
+        .wait_for(
+            &format!("pod {name} to be bound"),
+            Duration::from_secs(30),
+            || async {
+                let pod = pods.get(name).await?;
+                Ok(pod
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.node_name.clone())
+                    .map(|_| pod))
+            },
+        )
+        .await?;
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    let slices = ctx
+        .api::<GpuSlice>()
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|s| s.spec.pod.uid == uid)
+        .collect();
+    Ok((pod, slices))
+}
+
+fn allocation(pod: &Pod) -> Result<Allocation> {
+    let text = pod
+        .annotations()
+        .get("aliyun.com/allocation")
+        .context("no allocation annotation")?;
+    Ok(serde_json::from_str(text)?)
+}
+
+async fn with_operator<F, Fut>(ctx: TestContext, test: F) -> Result<()>
+where
+    F: FnOnce(TestContext) -> Fut,
+    Fut: Future<Output = Result<()>>,
+{
+    let operator = Operator::start(&ctx, "op-0").await?;
+    let result = test(ctx.clone()).await;
+    let stopped = operator.stop().await;
+    result?;
+    stopped?;
+    invariants(&ctx).await?;
+    delete_groups(&ctx).await
+}
+
+/// Deletes the TopologyGroups a test created (they are cluster-scoped, named after its nodes).
+async fn delete_groups(ctx: &TestContext) -> Result<()> {
+    let groups = ctx.cluster_api::<TopologyGroup>();
+    for group in groups.list(&ListParams::default()).await?.items {
+        if group.name_any().starts_with(&ctx.namespace) {
+            groups
+                .delete(&group.name_any(), &Default::default())
+                .await?;
+        }
+    }
+    Ok(())
+}
+
+async fn whole_card(ctx: TestContext) -> Result<()> {
+    with_operator(ctx, |ctx| async move {
+        let node = gpu_node(&ctx, "h800", h800_node(), vec![], &[]).await?;
+        create_pod(
+            &ctx,
+            gpu_pod("whole-card-demo", json!({"nvidia.com/gpu": "1"})),
+        )
+        .await?;
+        let (pod, slices) = bound(&ctx, "whole-card-demo").await?;
+        ensure!(pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node.as_str()));
+        ensure!(
+            slices.len() == 1 && slices[0].spec.mode == SliceMode::Whole,
+            "slices: {slices:?}"
+        );
+        let allocation = allocation(&pod)?;
+        ensure!(
+            allocation.containers[0].cards[0].slice == slices[0].name_any(),
+            "annotation names the slice"
+        );
+        ensure!(!allocation.containers[0].cards[0].uuid.is_empty());
+        // Whole cards go to cards that are not in MIG mode.
+        ensure!(
+            slices[0].spec.card.as_ref().is_some_and(|c| c.index < 6),
+            "card: {:?}",
+            slices[0].spec.card
+        );
+        Ok(())
+    })
+    .await
+}
+
+async fn tdm_half_a_card_and_4_gib(ctx: TestContext) -> Result<()> {
+    with_operator(ctx, |ctx| async move {
+        gpu_node(&ctx, "h800", h800_node(), vec![], &[]).await?;
+        create_pod(
+            &ctx,
+            gpu_pod(
+                "tdm-demo",
+                json!({"aliyun.com/gpu-core": "50", "aliyun.com/gpu-memory": "4"}),
+            ),
+        )
+        .await?;
+        create_pod(
+            &ctx,
+            gpu_pod(
+                "tdm-demo-2",
+                json!({"aliyun.com/gpu-core": "50", "aliyun.com/gpu-memory": "4"}),
+            ),
+        )
+        .await?;
+        let (_, first) = bound(&ctx, "tdm-demo").await?;
+        let (_, second) = bound(&ctx, "tdm-demo-2").await?;
+        for slices in [&first, &second] {
+            ensure!(
+                slices.len() == 1 && slices[0].spec.mode == SliceMode::Tdm,
+                "slices: {slices:?}"
+            );
+            ensure!(
+                slices[0].spec.core == Some(50) && slices[0].spec.memory.as_deref() == Some("4Gi")
+            );
+        }
+        // Binpack: the second half goes onto the card the first half uses.
+        ensure!(
+            first[0].spec.card == second[0].spec.card,
+            "binpacked: {:?} vs {:?}",
+            first[0].spec.card,
+            second[0].spec.card
+        );
+        Ok(())
+    })
+    .await
+}
+
+async fn mig_3_slices_and_4_gib(ctx: TestContext) -> Result<()> {
+    with_operator(ctx, |ctx| async move {
+        gpu_node(&ctx, "h800", h800_node(), vec![], &[]).await?;
+        create_pod(
+            &ctx,
+            gpu_pod(
+                "mig-demo",
+                json!({"aliyun.com/gpu-slice": "3", "aliyun.com/gpu-memory": "4"}),
+            ),
+        )
+        .await?;
+        let (pod, slices) = bound(&ctx, "mig-demo").await?;
+        ensure!(
+            slices.len() == 1 && slices[0].spec.mode == SliceMode::Mig,
+            "slices: {slices:?}"
+        );
+        let spec = &slices[0].spec;
+        ensure!(
+            spec.mig_profile.as_deref() == Some("3g.40gb") && spec.slices == Some(3),
+            "{spec:?}"
+        );
+        ensure!(
+            matches!(spec.mig_placement_start, Some(0 | 4)),
+            "legal start: {spec:?}"
+        );
+        ensure!(
+            spec.card.as_ref().is_some_and(|c| c.index >= 6),
+            "a MIG-enabled card: {spec:?}"
+        );
+        ensure!(
+            allocation(&pod)?.containers[0].cards[0].memory_mib == Some(4096),
+            "visible memory capped at the request"
+        );
+        Ok(())
+    })
+    .await
+}
+
+async fn two_cards_of_one_configuration(ctx: TestContext) -> Result<()> {
+    with_operator(ctx, |ctx| async move {
+        gpu_node(&ctx, "h800", h800_node(), vec![], &[]).await?;
+        let mut pod = gpu_pod(
+            "multi-gpu-demo",
+            json!({"aliyun.com/gpu-core": "50", "aliyun.com/gpu-memory": "4"}),
+        );
+        pod["metadata"]["labels"] = json!({"replica": "2"});
+        create_pod(&ctx, pod).await?;
+        let (_, slices) = bound(&ctx, "multi-gpu-demo").await?;
+        ensure!(slices.len() == 2, "slices: {slices:?}");
+        let cards: Vec<u32> = slices
+            .iter()
+            .filter_map(|s| s.spec.card.as_ref().map(|c| c.index))
+            .collect();
+        ensure!(cards[0] != cards[1], "two distinct cards: {cards:?}");
+        let mut replicas: Vec<u32> = slices.iter().map(|s| s.spec.replica_index).collect();
+        replicas.sort_unstable();
+        ensure!(replicas == [0, 1]);
+        Ok(())
+    })
+    .await
+}
+
+async fn ppu_810e_four_cards_in_one_group(ctx: TestContext) -> Result<()> {
+    with_operator(ctx, |ctx| async move {
+        let cards = (0..8)
+            .map(|i| {
+                ppu(
+                    i,
+                    "PPU-810E",
+                    Some(if i < 4 { "icn0" } else { "icn1" }),
+                    i / 2,
+                )
+            })
+            .collect();
+        gpu_node(
+            &ctx,
+            "ppu810e",
+            cards,
+            vec![],
+            &[("accelerator/vendor", "ppu")],
+        )
+        .await?;
+        // One card of the first group is taken, so only the second group has four free.
+        create_pod(&ctx, gpu_pod("one", json!({"aliyun.com/gpu": "1"}))).await?;
+        bound(&ctx, "one").await?;
+        let mut pod = gpu_pod("train", json!({"aliyun.com/gpu": "4"}));
+        pod["spec"]["nodeSelector"] = json!({"accelerator/vendor": "ppu"});
+        create_pod(&ctx, pod).await?;
+        let (_, slices) = bound(&ctx, "train").await?;
+        let cards: Vec<u32> = slices
+            .iter()
+            .filter_map(|s| s.spec.card.as_ref().map(|c| c.index))
+            .collect();
+        ensure!(cards.len() == 4, "cards: {cards:?}");
+        let groups: std::collections::BTreeSet<bool> = cards.iter().map(|c| *c < 4).collect();
+        ensure!(
+            groups.len() == 1,
+            "four cards of one interconnect group: {cards:?}"
+        );
+        Ok(())
+    })
+    .await
+}
+
+async fn ppu_m890p_four_cards_with_rdma(ctx: TestContext) -> Result<()> {
+    with_operator(ctx, |ctx| async move {
+        let cards = (0..8).map(|i| ppu(i, "PPU-M890P", None, i / 2)).collect();
+        let nics = (0..4).map(nic).collect();
+        gpu_node(&ctx, "m890p", cards, nics, &[]).await?;
+        let mut pod = gpu_pod(
+            "training",
+            json!({"aliyun.com/gpu": "4", "aliyun.com/rdma": "1"}),
+        );
+        pod["spec"]["hostNetwork"] = json!(true);
+        create_pod(&ctx, pod).await?;
+        let (pod, slices) = bound(&ctx, "training").await?;
+        ensure!(slices.len() == 4);
+        let allocation = allocation(&pod)?;
+        let nics = &allocation.containers[0].nics;
+        ensure!(!nics.is_empty(), "RDMA NICs attached: {allocation:?}");
+        // Two cards per switch: four cards span two switches, and each has its NIC.
+        let switches: std::collections::BTreeSet<u32> = allocation.containers[0]
+            .cards
+            .iter()
+            .map(|c| c.index / 2)
+            .collect();
+        ensure!(
+            switches.len() == 2,
+            "cards packed under two PCIe switches: {allocation:?}"
+        );
+        for switch in switches {
+            ensure!(
+                nics.contains(&format!("mlx5_{switch}")),
+                "NIC of switch {switch} attached: {nics:?}"
+            );
+        }
+        Ok(())
+    })
+    .await
+}
+
+fn gang_jobset(
+    name: &str,
+    workers: u32,
+    min_member: u32,
+    limits: serde_json::Value,
+) -> serde_json::Value {
+    json!({
+        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": name},
+        "spec": {"replicatedJobs": [{"name": "worker", "template": {"spec": {
+            "completionMode": "Indexed", "parallelism": workers, "completions": workers, "backoffLimit": 2,
+            "template": {
+                "metadata": {"labels": {"app": name, "aliyun.com/min-member": min_member.to_string()}},
+                "spec": {"schedulerName": "lj-runtimekit-scheduler", "runtimeClassName": "lj-runtime", "hostNetwork": true, "restartPolicy": "Never",
+                         "containers": [{"name": "trainer", "image": "busybox", "resources": {"limits": limits},
+                                         "securityContext": {"capabilities": {"add": ["IPC_LOCK"]}}}]}}}}}]}
+    })
+}
+
+async fn seven_worker_jobset_gang(ctx: TestContext) -> Result<()> {
+    with_operator(ctx, |ctx| async move {
+        // Four nodes of two cards under two leaf switches of one network pod: the gang of seven
+        // cannot fit one leaf switch (four cards), so it spans the network pod.
+        for (i, leaf) in [(0, "l1"), (1, "l1"), (2, "l2"), (3, "l2")] {
+            let cards = (0..2).map(|c| ppu(c, "PPU-M890P", None, c)).collect();
+            let labels = [
+                ("runtimekit.aliyun.com/leaf-switch", leaf),
+                ("runtimekit.aliyun.com/network-pod", "p1"),
+            ];
+            gpu_node(&ctx, &format!("n{i}"), cards, vec![nic(0), nic(1)], &labels).await?;
+        }
+        ctx.kubectl_ok(
+            &["apply", "-f", "-"],
+            Some(
+                &gang_jobset(
+                    "gang-nccl-test",
+                    7,
+                    7,
+                    json!({"aliyun.com/gpu": "1", "aliyun.com/rdma": "1"}),
+                )
+                .to_string(),
+            ),
+        )?;
+        let gangs = ctx.api::<GangGroup>();
+        let gang = ctx
+            .wait_for("the gang to run", Duration::from_secs(60), || async {
+                let gang = gangs.get_opt("gang-nccl-test").await?;
+                Ok(gang.filter(|g| {
+                    g.status.as_ref().and_then(|s| s.phase) == Some(GangPhase::Running)
+                }))
+            })
+            .await?;
+        let status = gang.status.context("status")?;
+        ensure!(
+            status
+                .members
+                .as_ref()
+                .is_some_and(|m| m.seen == 7 && m.running == 7),
+            "{status:?}"
+        );
+        let placement = status.placement.context("placement")?;
+        ensure!(
+            placement.tier == runtimekit_crds::Tier::NetworkPod
+                && placement.group == "networkpod-p1",
+            "{placement:?}"
+        );
+        ensure!(
+            gang.spec.job_set.as_deref() == Some("gang-nccl-test") && gang.spec.min_member == 7
+        );
+        Ok(())
+    })
+    .await
+}
+
+async fn gang_that_cannot_fit_stays_pending(ctx: TestContext) -> Result<()> {
+    with_operator(ctx, |ctx| async move {
+        for i in 0..2 {
+            let cards = (0..2).map(|c| ppu(c, "PPU-M890P", None, c)).collect();
+            gpu_node(
+                &ctx,
+                &format!("n{i}"),
+                cards,
+                vec![],
+                &[("runtimekit.aliyun.com/network-pod", &format!("p{i}"))],
+            )
+            .await?;
+        }
+        // Five cards in two network pods of two: no network pod holds the gang, and it never spans them.
+        ctx.kubectl_ok(
+            &["apply", "-f", "-"],
+            Some(&gang_jobset("big", 5, 5, json!({"aliyun.com/gpu": "1"})).to_string()),
+        )?;
+        let gangs = ctx.api::<GangGroup>();
+        let message = ctx
+            .wait_for(
+                "the gang to report why it waits",
+                Duration::from_secs(30),
+                || async {
+                    let gang = gangs.get_opt("big").await?;
+                    let status = gang.and_then(|g| g.status).unwrap_or_default();
+                    Ok(status.message.filter(|m| {
+                        status.phase == Some(GangPhase::Waiting)
+                            && m.contains("nodes are available")
+                    }))
+                },
+            )
+            .await?;
+        ensure!(message.contains("0/2 nodes are available"), "{message}");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let pods = ctx.api::<Pod>().list(&ListParams::default()).await?.items;
+        ensure!(
+            pods.len() == 5
+                && pods.iter().all(|p| p
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.node_name.as_ref())
+                    .is_none()),
+            "every member stays Pending"
+        );
+        ensure!(
+            ctx.api::<GpuSlice>()
+                .list(&ListParams::default())
+                .await?
+                .items
+                .is_empty(),
+            "nothing is reserved"
+        );
+        let events = ctx.kubectl_ok(
+            &[
+                "get",
+                "events",
+                "--field-selector",
+                "reason=FailedScheduling",
+            ],
+            None,
+        )?;
+        ensure!(
+            events.contains("gang big"),
+            "members carry the reason: {events}"
+        );
+        Ok(())
+    })
+    .await
+}
+
+async fn gang_with_missing_members_times_out(ctx: TestContext) -> Result<()> {
+    with_operator(ctx, |ctx| async move {
+        gpu_node(&ctx, "h800", h800_node(), vec![], &[]).await?;
+        let gang = json!({"apiVersion": "runtimekit.aliyun.com/v1alpha1", "kind": "GangGroup", "metadata": {"name": "g"}, "spec": {"minMember": 4, "timeoutSeconds": 3}});
+        ctx.kubectl_ok(&["apply", "-f", "-"], Some(&gang.to_string()))?;
+        for i in 0..3 {
+            let mut pod = gpu_pod(&format!("m{i}"), json!({"nvidia.com/gpu": "1"}));
+            pod["metadata"]["labels"] = json!({"aliyun.com/min-member": "4", "aliyun.com/gang-name": "g"});
+            create_pod(&ctx, pod).await?;
+        }
+        let gangs = ctx.api::<GangGroup>();
+        let status = ctx
+            .wait_for("the gang to time out", Duration::from_secs(30), || async {
+                let status = gangs.get("g").await?.status.unwrap_or_default();
+                Ok((status.phase == Some(GangPhase::TimedOut) && status.attempts >= 1).then_some(status))
+            })
+            .await?;
+        ensure!(status.message.as_deref().is_some_and(|m| m.contains("rolled back")), "{status:?}");
+        ensure!(ctx.api::<GpuSlice>().list(&ListParams::default()).await?.items.is_empty(), "no reservation is left");
+        Ok(())
+    })
+    .await
+}
+
+async fn contract_violations_are_reported(ctx: TestContext) -> Result<()> {
+    with_operator(ctx, |ctx| async move {
+        gpu_node(&ctx, "h800", h800_node(), vec![], &[]).await?;
+        create_pod(
+            &ctx,
+            gpu_pod("bad-slice", json!({"aliyun.com/gpu-slice": "5"})),
+        )
+        .await?;
+        create_pod(
+            &ctx,
+            gpu_pod("too-big", json!({"aliyun.com/gpu-memory": "200"})),
+        )
+        .await?;
+        create_pod(
+            &ctx,
+            gpu_pod(
+                "core-zero",
+                json!({"aliyun.com/gpu-core": "0", "aliyun.com/gpu-memory": "1"}),
+            ),
+        )
+        .await?;
+        let pods = ctx.api::<Pod>();
+        let condition = |name: &'static str| {
+            let pods = pods.clone();
+            async move {
+                let pod = pods.get(name).await?;
+                let conditions = pod.status.and_then(|s| s.conditions).unwrap_or_default();
+                Ok(conditions
+                    .into_iter()
+                    .find(|c| c.type_ == "PodScheduled" && c.status == "False"))
+            }
+        };
+        let bad = ctx
+            .wait_for("bad-slice to be marked", Duration::from_secs(20), || {
+                condition("bad-slice")
+            })
+            .await?;
+        ensure!(bad.reason.as_deref() == Some("InvalidGpuSlice"), "{bad:?}");
+        ensure!(
+            bad.message.as_deref()
+                == Some(
+                    r#"container "app": aliyun.com/gpu-slice must be one of 1, 2, 3, 4, 7; got 5"#
+                ),
+            "{bad:?}"
+        );
+        let big = ctx
+            .wait_for("too-big to be marked", Duration::from_secs(20), || {
+                condition("too-big")
+            })
+            .await?;
+        let message = big.message.unwrap_or_default();
+        ensure!(
+            message.starts_with("0/1 nodes are available: 1 ") && message.contains("gpu-memory"),
+            "{message}"
+        );
+        bound(&ctx, "core-zero").await?;
+        let events = ctx.kubectl_ok(
+            &[
+                "get",
+                "events",
+                "--field-selector",
+                "involvedObject.name=core-zero",
+            ],
+            None,
+        )?;
+        ensure!(
+            events.contains("GpuCoreZero"),
+            "core 0 is flagged: {events}"
+        );
+        Ok(())
+    })
+    .await
+}
+
+async fn operator_killed_mid_burst_loses_nothing(ctx: TestContext) -> Result<()> {
+    // 32 cards, no MIG: the burst's 20 whole cards and 20 shares of 30 % (7 cards) all fit.
+    for i in 0..4 {
+        let cards = (0..8)
+            .map(|c| nvidia(c, "H800", 80, false, c / 2))
+            .collect();
+        gpu_node(&ctx, &format!("n{i}"), cards, vec![], &[]).await?;
+    }
+    let operator = Operator::start(&ctx, "op-a").await?;
+    for i in 0..40 {
+        let limits = if i % 2 == 0 {
+            json!({"nvidia.com/gpu": "1"})
+        } else {
+            json!({"aliyun.com/gpu-core": "30", "aliyun.com/gpu-memory": "8"})
+        };
+        create_pod(&ctx, gpu_pod(&format!("burst-{i}"), limits)).await?;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    operator.kill();
+    let restarted = Operator::start(&ctx, "op-b").await?;
+    let pods = ctx.api::<Pod>();
+    ctx.wait_for(
+        "all 40 pods bound after the restart",
+        Duration::from_secs(60),
+        || async {
+            let list = pods.list(&ListParams::default()).await?;
+            let bound = list
+                .items
+                .iter()
+                .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some())
+                .count();
+            Ok((bound == 40).then_some(()))
+        },
+    )
+    .await?;
+    restarted.stop().await?;
+    invariants(&ctx).await?;
+    delete_groups(&ctx).await
+}
+
+async fn standby_takes_over_when_the_leader_dies(ctx: TestContext) -> Result<()> {
+    gpu_node(&ctx, "h800", h800_node(), vec![], &[]).await?;
+    let leader = Operator::start(&ctx, "op-leader").await?;
+    create_pod(&ctx, gpu_pod("before", json!({"nvidia.com/gpu": "1"}))).await?;
+    bound(&ctx, "before").await?;
+    let standby = Operator::start(&ctx, "op-standby").await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    leader.kill();
+    let killed = std::time::Instant::now();
+    create_pod(&ctx, gpu_pod("after", json!({"nvidia.com/gpu": "1"}))).await?;
+    bound(&ctx, "after").await?;
+    let took = killed.elapsed();
+    ensure!(
+        took < Duration::from_secs(15),
+        "the standby took {took:?} to take over"
+    );
+    let lease = ctx.kubectl_ok(
+        &[
+            "get",
+            "lease",
+            "lj-runtimekit-scheduler",
+            "-o",
+            "jsonpath={.spec.holderIdentity}",
+        ],
+        None,
+    )?;
+    ensure!(lease == "op-standby", "holder: {lease}");
+    standby.stop().await?;
+    invariants(&ctx).await?;
+    delete_groups(&ctx).await
+}
+
+/// No card over-committed, every bound GPU pod holds exactly its slices, no slice without a live pod.
+async fn invariants(ctx: &TestContext) -> Result<()> {
+    let pods = ctx.api::<Pod>().list(&ListParams::default()).await?.items;
+    let slices = ctx
+        .api::<GpuSlice>()
+        .list(&ListParams::default())
+        .await?
+        .items;
+    let config = RuntimeKitConfig::default();
+    let live: BTreeMap<String, &Pod> = pods
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .map(|p| (p.metadata.uid.clone().unwrap_or_default(), p))
+        .collect();
+    for slice in slices
+        .iter()
+        .filter(|s| s.metadata.deletion_timestamp.is_none())
+    {
+        let Some(pod) = live.get(&slice.spec.pod.uid) else {
+            bail!("slice {} has no live pod", slice.name_any())
+        };
+        let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+        ensure!(
+            node.is_none() || node == slice.spec.node_name,
+            "slice {} is on {:?}, its pod on {node:?}",
+            slice.name_any(),
+            slice.spec.node_name
+        );
+    }
+    for pod in live.values() {
+        let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
+            continue;
+        };
+        let Ok(request) = parse_pod(pod, &config) else {
+            continue;
+        };
+        if !request.ours {
+            continue;
+        }
+        let want: u32 = request.containers.iter().map(|c| c.cards.cards()).sum();
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let have = slices
+            .iter()
+            .filter(|s| s.spec.pod.uid == uid && s.spec.node_name.as_deref() == Some(node.as_str()))
+            .count();
+        ensure!(
+            have == want as usize,
+            "pod {} holds {have} slices for {want} cards",
+            pod.name_any()
+        );
+    }
+    let models: BTreeMap<(String, u32), (String, u64)> = ctx
+        .cluster_api::<TopologyGroup>()
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|g| Some((g.spec.node_name.clone()?, g.status?)))
+        .flat_map(|(node, status)| {
+            status
+                .cards
+                .into_iter()
+                .map(move |c| ((node.clone(), c.index), (c.model, c.memory_mib)))
+        })
+        .collect();
+    let mut per_card: BTreeMap<(String, u32), Vec<&GpuSlice>> = BTreeMap::new();
+    for slice in &slices {
+        if let (Some(node), Some(card)) = (&slice.spec.node_name, &slice.spec.card) {
+            per_card
+                .entry((node.clone(), card.index))
+                .or_default()
+                .push(slice);
+        }
+    }
+    for ((node, card), on_card) in per_card {
+        let modes: std::collections::BTreeSet<_> = on_card
+            .iter()
+            .map(|s| format!("{:?}", s.spec.mode))
+            .collect();
+        ensure!(
+            modes.len() == 1,
+            "card {card} of {node} mixes modes: {modes:?}"
+        );
+        if on_card[0].spec.mode == SliceMode::Whole {
+            ensure!(
+                on_card.len() == 1,
+                "card {card} of {node} is given whole {} times",
+                on_card.len()
+            );
+        }
+        let core: u32 = on_card.iter().filter_map(|s| s.spec.core).sum();
+        ensure!(
+            core <= 100,
+            "card {card} of {node} has {core}% core allocated"
+        );
+        let mut mask = 0u8;
+        for slice in on_card.iter().filter(|s| s.spec.mode == SliceMode::Mig) {
+            let (model, memory) = models
+                .get(&(node.clone(), card))
+                .cloned()
+                .context("card of a MIG slice is reported")?;
+            let table = runtimekit_contract::mig::table_for(&model, memory)
+                .context("MIG table of the card")?;
+            let profile = slice
+                .spec
+                .mig_profile
+                .as_deref()
+                .and_then(|p| table.profile(p))
+                .context("profile of the card's model")?;
+            let start = u8::try_from(slice.spec.mig_placement_start.unwrap_or(u32::MAX))?;
+            ensure!(
+                table.legal_starts(profile, mask).contains(&start),
+                "MIG instance {} at {start} is illegal or overlaps on card {card} of {node}",
+                profile.name
+            );
+            mask |= profile.mask_at(start);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,17 @@
+//! The operator: the lj-runtimekit-scheduler and the GpuSlice, GangGroup and TopologyGroup
+//! controllers. `main.rs` only parses the command line.
+
+pub mod check;
+pub mod gangs;
+pub mod jobset;
+pub mod leader;
+pub mod metrics;
+pub mod report;
+pub mod run;
+pub mod scheduler;
+pub mod shared;
+pub mod slices;
+pub mod state;
+pub mod topology;
+pub mod topology_sync;
+pub mod watch;

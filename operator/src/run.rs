@@ -1,0 +1,175 @@
+//! `run`: the operator process. Every replica watches and keeps its state warm; only the Lease
+//! holder schedules and reconciles. A holder that loses the Lease exits, so a standby that takes
+//! over never races a stale leader.
+
+use crate::leader::{Elector, Timing};
+use crate::metrics::{self, Metrics};
+use crate::report::Reports;
+use crate::shared::Shared;
+use crate::state::State;
+use crate::watch::mirror;
+use crate::{gangs, scheduler, slices, topology_sync};
+use anyhow::{Context, Result};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::Client;
+use kube::api::Api;
+use kube::runtime::watcher;
+use runtimekit_contract::RuntimeKitConfig;
+use runtimekit_crds::{GangGroup, GpuSlice, TopologyGroup};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+/// How the operator runs.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// The shared configuration file; defaults apply without it.
+    pub config: Option<std::path::PathBuf>,
+    /// Where /metrics, /healthz and /readyz are served.
+    pub listen: SocketAddr,
+    /// This replica's identity in the Lease (its pod name).
+    pub identity: String,
+    /// The namespace of the Lease.
+    pub namespace: String,
+    /// The Lease's name.
+    pub lease: String,
+    /// The election's timing.
+    pub timing: Timing,
+}
+
+/// Loads the shared configuration, or the defaults.
+pub fn load_config(path: Option<&Path>) -> Result<RuntimeKitConfig> {
+    let Some(path) = path else {
+        return Ok(RuntimeKitConfig::default());
+    };
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let config: RuntimeKitConfig =
+        serde_yaml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    config
+        .validate()
+        .with_context(|| format!("checking {}", path.display()))?;
+    Ok(config)
+}
+
+/// Runs until SIGTERM or SIGINT, or a lost Lease.
+pub async fn run(options: RunOptions) -> Result<()> {
+    let client = Client::try_default()
+        .await
+        .context("connecting to the apiserver")?;
+    run_with(client, options, shutdown_signal()).await
+}
+
+/// Runs with `client` until `shutdown` completes (then releases the Lease) or the Lease is lost.
+pub async fn run_with(
+    client: Client,
+    options: RunOptions,
+    shutdown: impl Future<Output = ()>,
+) -> Result<()> {
+    let config = load_config(options.config.as_deref())?;
+    let metrics = Arc::new(Metrics::new());
+    let shared = Arc::new(Shared::new(
+        State::new(config.clone()),
+        Arc::clone(&metrics),
+    ));
+
+    let mut tasks = JoinSet::new();
+    let listen = options.listen;
+    tasks.spawn(async move {
+        metrics::serve(listen, metrics)
+            .await
+            .context("serving metrics")
+    });
+    spawn_watchers(&mut tasks, &client, &shared);
+
+    let (leading_tx, mut leading) = watch::channel(false);
+    let elector = Elector::new(
+        client.clone(),
+        &options.namespace,
+        &options.lease,
+        &options.identity,
+        options.timing,
+    );
+    let election = elector.clone();
+    tasks.spawn(async move {
+        Err(anyhow::Error::new(election.run(leading_tx).await).context("leadership lost"))
+    });
+
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            () = &mut shutdown => break,
+            Some(ended) = tasks.join_next() => {
+                let result = ended.context("a task panicked").and_then(|r| r);
+                return result.context("a task of the operator ended");
+            }
+            changed = leading.changed() => {
+                changed.context("election stopped")?;
+                if *leading.borrow() {
+                    start_leading(&mut tasks, &client, &shared, &config, &options).await;
+                }
+            }
+        }
+    }
+    tracing::info!("shutting down; releasing the lease");
+    elector.release().await;
+    Ok(())
+}
+
+fn spawn_watchers(tasks: &mut JoinSet<Result<()>>, client: &Client, shared: &Arc<Shared>) {
+    let config = watcher::Config::default().any_semantic();
+    let (c, s) = (client.clone(), Arc::clone(shared));
+    let cfg = config.clone();
+    tasks.spawn(async move { Ok(mirror(Api::<Pod>::all(c), cfg, s).await) });
+    let (c, s, cfg) = (client.clone(), Arc::clone(shared), config.clone());
+    tasks.spawn(async move { Ok(mirror(Api::<Node>::all(c), cfg, s).await) });
+    let (c, s, cfg) = (client.clone(), Arc::clone(shared), config.clone());
+    tasks.spawn(async move { Ok(mirror(Api::<GpuSlice>::all(c), cfg, s).await) });
+    let (c, s, cfg) = (client.clone(), Arc::clone(shared), config.clone());
+    tasks.spawn(async move { Ok(mirror(Api::<TopologyGroup>::all(c), cfg, s).await) });
+    let (c, s) = (client.clone(), Arc::clone(shared));
+    tasks.spawn(async move { Ok(mirror(Api::<GangGroup>::all(c), config, s).await) });
+}
+
+/// Starts the scheduler and controllers once every kind has been listed, so the first decision
+/// sees every existing allocation.
+async fn start_leading(
+    tasks: &mut JoinSet<Result<()>>,
+    client: &Client,
+    shared: &Arc<Shared>,
+    config: &RuntimeKitConfig,
+    options: &RunOptions,
+) {
+    while !shared.all_synced() {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tracing::info!("leading: state rebuilt from the API; scheduling");
+    let reports = Reports::new(client.clone(), &config.scheduler_name, &options.identity);
+    let (s, c, r) = (Arc::clone(shared), client.clone(), reports.clone());
+    tasks.spawn(async move { Ok(scheduler::run(s, c, r).await) });
+    let (s, c) = (Arc::clone(shared), client.clone());
+    tasks.spawn(async move { Ok(slices::run(s, c).await) });
+    let (s, c, r) = (Arc::clone(shared), client.clone(), reports);
+    tasks.spawn(async move { Ok(gangs::run(s, c, r).await) });
+    let (s, c) = (Arc::clone(shared), client.clone());
+    tasks.spawn(async move { Ok(topology_sync::run(s, c).await) });
+}
+
+async fn shutdown_signal() {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = terminate => {}
+    }
+}

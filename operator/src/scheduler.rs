@@ -1,0 +1,359 @@
+//! The lj-runtimekit-scheduler: takes pending pods from the state in order, decides each with the
+//! placement engine under the state's lock, and writes the decision (one GpuSlice per card, then
+//! one Binding carrying the allocation annotation) in parallel tasks, so throughput is bounded
+//! by the apiserver rather than by this loop.
+
+use crate::metrics::AttemptResult;
+use crate::report::Reports;
+use crate::shared::Shared;
+use crate::state::{Binding, Outcome};
+use futures::future::try_join_all;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{Api, ObjectMeta, PostParams};
+use kube::{Client, Resource, ResourceExt};
+use runtimekit_contract::allocation::{AllocatedCard, Allocation, ContainerAllocation};
+use runtimekit_crds::{GpuSlice, SLICE_FINALIZER};
+use runtimekit_placement::{Decision, Share};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::Semaphore;
+
+/// How many bindings may be written at once.
+const BINDINGS_IN_FLIGHT: usize = 256;
+/// How many pods one pass takes from the queue before it looks at the state again.
+const BATCH: usize = 512;
+
+/// The field manager of the scheduler's writes.
+pub const FIELD_MANAGER: &str = "lj-runtimekit-scheduler";
+
+/// Runs the scheduling loop until the task is dropped.
+pub async fn run(shared: Arc<Shared>, client: Client, reports: Reports) {
+    let permits = Arc::new(Semaphore::new(BINDINGS_IN_FLIGHT));
+    let mut changes = shared.subscribe();
+    loop {
+        let now = Instant::now();
+        let (batch, next_retry) = {
+            let mut state = shared.lock();
+            if state.refresh_topology() {
+                state.retry_soon(now);
+            }
+            let batch = state.ready(now, BATCH);
+            shared
+                .metrics
+                .queue_depth
+                .set(i64::try_from(state.pending().len()).unwrap_or(i64::MAX));
+            (batch, state.next_retry())
+        };
+        for uid in batch {
+            let started = Instant::now();
+            let outcome = shared.lock().schedule(&uid, Instant::now());
+            shared
+                .metrics
+                .decision_seconds
+                .observe(started.elapsed().as_secs_f64());
+            match outcome {
+                Outcome::Bind(binding) => {
+                    let permit = Arc::clone(&permits).acquire_owned().await;
+                    let (shared, client, reports) =
+                        (Arc::clone(&shared), client.clone(), reports.clone());
+                    tokio::spawn(async move {
+                        bind(&shared, &client, &reports, *binding).await;
+                        drop(permit);
+                    });
+                }
+                Outcome::Unschedulable { message, changed } => {
+                    shared.metrics.attempt(AttemptResult::Unschedulable);
+                    if changed {
+                        report_pod(&shared, &reports, &uid, "Unschedulable", &message).await;
+                    }
+                }
+                Outcome::Invalid {
+                    message,
+                    reason,
+                    changed,
+                } => {
+                    shared.metrics.attempt(AttemptResult::Invalid);
+                    if changed {
+                        report_pod(&shared, &reports, &uid, reason, &message).await;
+                    }
+                }
+                Outcome::Skip => {}
+            }
+        }
+        let wait = next_retry
+            .map_or(Duration::from_secs(5), |t| {
+                t.saturating_duration_since(Instant::now())
+            })
+            .max(Duration::from_millis(20));
+        tokio::select! {
+            _ = changes.changed() => {}
+            () = tokio::time::sleep(wait) => {}
+        }
+    }
+}
+
+async fn report_pod(shared: &Shared, reports: &Reports, uid: &str, reason: &str, message: &str) {
+    let pod = shared
+        .lock()
+        .pod(uid)
+        .and_then(|p| p.pending.as_ref().map(|p| Arc::clone(&p.pod)));
+    if let Some(pod) = pod {
+        reports.unschedulable(&pod, reason, message).await;
+    }
+}
+
+/// The name of the GpuSlice for one card of one container: unique per pod UID, so a new pod of
+/// the same name never collides with the slices of an old one still being released.
+pub fn slice_name(pod: &str, uid: &str, container_index: usize, replica: u32) -> String {
+    let pod: String = pod.chars().take(200).collect();
+    let uid: String = uid
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .take(8)
+        .collect();
+    format!(
+        "{}-{uid}-{container_index}-{replica}",
+        pod.trim_end_matches(['-', '.'])
+    )
+}
+
+/// The GpuSlices and the allocation annotation of a decision.
+pub fn slices_and_allocation(pod: &Pod, decision: &Decision) -> (Vec<GpuSlice>, Allocation) {
+    let namespace = pod.namespace().unwrap_or_default();
+    let name = pod.name_any();
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    let containers: Vec<&str> = pod
+        .spec
+        .iter()
+        .flat_map(|s| s.containers.iter().map(|c| c.name.as_str()))
+        .collect();
+    let owner = OwnerReference {
+        api_version: "v1".into(),
+        kind: "Pod".into(),
+        name: name.clone(),
+        uid: uid.clone(),
+        controller: Some(true),
+        block_owner_deletion: None,
+    };
+    let specs = decision.gpu_slices(&namespace, &name);
+    let mut slices = Vec::with_capacity(specs.len());
+    let mut allocation = Allocation {
+        node: decision.node.clone(),
+        containers: Vec::new(),
+    };
+    for placement in &decision.containers {
+        let index = containers
+            .iter()
+            .position(|c| *c == placement.container)
+            .unwrap_or(0);
+        let mut cards = Vec::with_capacity(placement.cards.len());
+        for card in &placement.cards {
+            let slice = slice_name(&name, &uid, index, card.replica);
+            let (mode, core, memory_mib, profile, start) = match &card.share {
+                Share::Whole => ("Whole", None, None, None, None),
+                Share::Tdm { core, memory_mib } => ("TDM", *core, *memory_mib, None, None),
+                Share::Mig {
+                    profile,
+                    start,
+                    memory_mib,
+                    ..
+                } => (
+                    "MIG",
+                    None,
+                    Some(*memory_mib),
+                    Some(profile.clone()),
+                    Some(*start),
+                ),
+            };
+            cards.push(AllocatedCard {
+                index: card.index,
+                uuid: card.uuid.clone(),
+                mode: mode.into(),
+                core,
+                memory_mib,
+                profile,
+                start,
+                slice: slice.clone(),
+            });
+            let spec = specs
+                .iter()
+                .find(|s| s.pod.container == placement.container && s.replica_index == card.replica)
+                .cloned();
+            if let Some(spec) = spec {
+                slices.push(GpuSlice {
+                    metadata: ObjectMeta {
+                        name: Some(slice),
+                        namespace: Some(namespace.clone()),
+                        owner_references: Some(vec![owner.clone()]),
+                        finalizers: Some(vec![SLICE_FINALIZER.into()]),
+                        ..ObjectMeta::default()
+                    },
+                    spec,
+                    status: None,
+                });
+            }
+        }
+        allocation.containers.push(ContainerAllocation {
+            name: placement.container.clone(),
+            cards,
+            nics: placement.nics.clone(),
+        });
+    }
+    (slices, allocation)
+}
+
+/// Writes one decision: the slices (in parallel), then the Binding.
+async fn bind(shared: &Shared, client: &Client, reports: &Reports, binding: Binding) {
+    let Binding {
+        pod,
+        decision,
+        warnings,
+        annotation,
+    } = binding;
+    let uid = decision.pod_uid.clone();
+    let started = Instant::now();
+    let result = write_binding(client, &pod, &decision, &annotation).await;
+    shared
+        .metrics
+        .binding_seconds
+        .observe(started.elapsed().as_secs_f64());
+    match result {
+        Ok(()) => {
+            shared.lock().bound(&uid);
+            shared.metrics.attempt(AttemptResult::Scheduled);
+            if let Some(created) = pod.metadata.creation_timestamp.as_ref() {
+                let age = k8s_openapi::jiff::Timestamp::now().duration_since(created.0);
+                shared
+                    .metrics
+                    .create_to_bound_seconds
+                    .observe(age.as_secs_f64().max(0.0));
+            }
+            let reference = pod.object_ref(&());
+            for warning in warnings {
+                reports
+                    .event(
+                        &reference,
+                        true,
+                        warning.reason(),
+                        "Scheduling",
+                        &warning.to_string(),
+                    )
+                    .await;
+            }
+            reports
+                .event(
+                    &reference,
+                    false,
+                    "Scheduled",
+                    "Binding",
+                    &format!(
+                        "Successfully assigned {}/{} to {}",
+                        pod.namespace().unwrap_or_default(),
+                        pod.name_any(),
+                        decision.node
+                    ),
+                )
+                .await;
+        }
+        Err(error) => {
+            shared.metrics.attempt(AttemptResult::Error);
+            tracing::warn!(pod = %pod.name_any(), %error, "binding failed; will retry");
+            let changed = shared
+                .lock()
+                .bind_failed(&uid, Instant::now(), &error.to_string());
+            if changed {
+                reports
+                    .unschedulable(
+                        &pod,
+                        "BindingFailed",
+                        &format!("binding to {} failed: {error}", decision.node),
+                    )
+                    .await;
+            }
+        }
+    }
+    shared.wake();
+}
+
+/// Why writing a binding failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BindError {
+    #[error("creating GpuSlice {name}: {source}")]
+    Slice { name: String, source: kube::Error },
+    #[error("GpuSlice {name} exists for another pod")]
+    SliceTaken { name: String },
+    #[error("posting the Binding: {0}")]
+    Binding(kube::Error),
+    #[error("encoding the allocation: {0}")]
+    Encode(#[from] serde_json::Error),
+}
+
+async fn write_binding(
+    client: &Client,
+    pod: &Pod,
+    decision: &Decision,
+    annotation: &str,
+) -> Result<(), BindError> {
+    let namespace = pod.namespace().unwrap_or_default();
+    let (slices, _) = slices_and_allocation(pod, decision);
+    let api: Api<GpuSlice> = Api::namespaced(client.clone(), &namespace);
+    try_join_all(slices.iter().map(|slice| create_slice(&api, slice))).await?;
+    write_binding_only(client, pod, decision, annotation).await
+}
+
+/// Posts the Binding of a decided pod whose slices exist, with the allocation annotation.
+pub async fn write_binding_only(
+    client: &Client,
+    pod: &Pod,
+    decision: &Decision,
+    annotation: &str,
+) -> Result<(), BindError> {
+    let namespace = pod.namespace().unwrap_or_default();
+    let (_, allocation) = slices_and_allocation(pod, decision);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+    let binding = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": {"name": pod.name_any(), "annotations": {annotation: serde_json::to_string(&allocation)?}},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": decision.node},
+    });
+    let posted: Result<serde_json::Value, kube::Error> = pods
+        .create_subresource("binding", &pod.name_any(), &PostParams::default(), &binding)
+        .await;
+    match posted {
+        Ok(_) => Ok(()),
+        // Already bound: an earlier attempt's Binding landed (this one resumed it).
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        Err(e) => Err(BindError::Binding(e)),
+    }
+}
+
+/// Creates one slice; an identical slice already there (from an earlier try) is fine.
+pub async fn create_slice(api: &Api<GpuSlice>, slice: &GpuSlice) -> Result<(), BindError> {
+    let name = slice.name_any();
+    match api
+        .create(
+            &PostParams {
+                field_manager: Some(FIELD_MANAGER.into()),
+                ..PostParams::default()
+            },
+            slice,
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 409 => {
+            let existing = api.get(&name).await.map_err(|source| BindError::Slice {
+                name: name.clone(),
+                source,
+            })?;
+            if existing.spec == slice.spec && existing.metadata.deletion_timestamp.is_none() {
+                Ok(())
+            } else {
+                Err(BindError::SliceTaken { name })
+            }
+        }
+        Err(source) => Err(BindError::Slice { name, source }),
+    }
+}
