@@ -34,6 +34,17 @@ impl Tier {
     ];
 }
 
+impl std::fmt::Display for Tier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Tier::Node => "node",
+            Tier::HyperNode => "HyperNode",
+            Tier::LeafSwitch => "leaf switch",
+            Tier::NetworkPod => "network pod",
+        })
+    }
+}
+
 /// Sets the condition of `condition.type_` in `conditions`, keeping its `lastTransitionTime` when
 /// the status did not change, so repeated reconciles do not rewrite it. Returns whether anything
 /// changed.

@@ -67,7 +67,9 @@ pub struct TopologyGroupSpec {
 }
 
 /// The vendor of a card.
-#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(
+    Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash,
+)]
 pub enum Vendor {
     /// NVIDIA GPUs: whole cards, TDM and (on MIG-capable models) MIG.
     Nvidia,
