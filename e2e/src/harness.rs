@@ -20,10 +20,14 @@ use std::time::{Duration, Instant};
 pub const KWOK_ANNOTATION: &str = "kwok.x-k8s.io/node";
 /// The prefix of every harness run directory under the temp dir.
 const RUN_DIR_PREFIX: &str = "runtimekit-e2e-";
+/// The folder of a run directory whose PID file names the processes tests started.
+const PROCESSES_DIR: &str = "processes";
+/// How long a test's process may take to exit after SIGTERM before it is killed.
+const PROCESS_STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// One test run: the control plane every test shares, and the runtime tests run on.
 pub struct Harness {
-    cluster: Mutex<Option<Cluster>>,
+    cluster: Arc<Mutex<Option<Cluster>>>,
     client: Client,
     kubeconfig: PathBuf,
     kubectl: PathBuf,
@@ -57,8 +61,10 @@ impl Harness {
             started.elapsed().as_secs_f64(),
             dir.display()
         );
+        let processes_dir = dir.join(PROCESSES_DIR);
         ctrlc::set_handler(move || {
             eprintln!("interrupted: stopping the control plane");
+            let _ = stop_recorded(&processes_dir);
             let _ = stop_recorded(&cluster_dir);
             std::process::exit(130);
         })?;
@@ -66,7 +72,7 @@ impl Harness {
         Ok(Arc::new(Harness {
             kubeconfig: cluster.kubeconfig.clone(),
             kubectl: cluster.tools.kubectl(),
-            cluster: Mutex::new(Some(cluster)),
+            cluster: Arc::new(Mutex::new(Some(cluster))),
             client,
             dir,
             runtime,
@@ -100,7 +106,7 @@ impl Harness {
                 .take(63)
                 .collect::<String>();
             let namespace = namespace.trim_end_matches('-').to_owned();
-            let ctx = TestContext::create(self, &namespace).await?;
+            let ctx = TestContext::create(self, &namespace, self.dir.join(format!("t{n}"))).await?;
             let outcome = AssertUnwindSafe(test(ctx.clone())).catch_unwind().await;
             let result = match outcome {
                 Ok(result) => result,
@@ -185,6 +191,7 @@ fn reap_abandoned_runs() {
             continue;
         };
         if !Path::new(&format!("/proc/{owner}")).exists() {
+            let _ = stop_recorded(&path.join(PROCESSES_DIR));
             match stop_recorded(&path.join("cluster")) {
                 Ok(n) if n > 0 => eprintln!(
                     "stopped {n} processes left by an earlier run in {}",
@@ -215,6 +222,10 @@ pub struct TestContext {
     kubeconfig: PathBuf,
     kubectl: PathBuf,
     nodes: Arc<Mutex<Vec<String>>>,
+    cluster: Arc<Mutex<Option<Cluster>>>,
+    scratch: PathBuf,
+    processes_dir: PathBuf,
+    processes: Arc<Mutex<Vec<TestProcess>>>,
 }
 
 impl std::fmt::Debug for TestContext {
@@ -226,7 +237,7 @@ impl std::fmt::Debug for TestContext {
 }
 
 impl TestContext {
-    async fn create(harness: &Harness, namespace: &str) -> Result<TestContext> {
+    async fn create(harness: &Harness, namespace: &str, scratch: PathBuf) -> Result<TestContext> {
         let ns: Namespace =
             serde_json::from_value(serde_json::json!({"metadata": {"name": namespace}}))?;
         Api::<Namespace>::all(harness.client())
@@ -239,6 +250,10 @@ impl TestContext {
             kubeconfig: harness.kubeconfig.clone(),
             kubectl: harness.kubectl.clone(),
             nodes: Arc::default(),
+            cluster: harness.cluster.clone(),
+            scratch,
+            processes_dir: harness.dir.join(PROCESSES_DIR),
+            processes: Arc::default(),
         })
     }
 
@@ -377,14 +392,35 @@ impl TestContext {
                 Err(e) => out.push_str(&format!("kubectl {}: {e}\n", args.join(" "))),
             }
         }
+        let processes: Vec<TestProcess> =
+            self.processes.lock().map(|p| p.clone()).unwrap_or_default();
+        for process in processes {
+            out.push_str(&format!(
+                "=== {} (pid {}, log {}) ===\n{}\n",
+                process.name(),
+                process.pid(),
+                process.log().display(),
+                tail_of(&process.log(), 60)
+            ));
+        }
         out
     }
 
     async fn cleanup(&self) {
+        let processes: Vec<TestProcess> =
+            self.processes.lock().map(|p| p.clone()).unwrap_or_default();
+        for process in processes {
+            process.stop();
+        }
         let nodes: Vec<String> = self.nodes.lock().map(|n| n.clone()).unwrap_or_default();
         for node in nodes {
             let _ = self
                 .cluster_api::<Node>()
+                .delete(&node, &DeleteParams::default())
+                .await;
+            // A node agent names its node's TopologyGroup after the node.
+            let _ = self
+                .cluster_api::<runtimekit_crds::TopologyGroup>()
                 .delete(&node, &DeleteParams::default())
                 .await;
         }
@@ -479,4 +515,277 @@ impl FakeNode {
         labels.entry("type".into()).or_insert_with(|| "kwok".into());
         labels
     }
+}
+
+/// A process a test started: stopped by PID when the test ends, its log printed when the test
+/// fails, and recorded in the run's PID file so an interrupted or killed run stops it too.
+#[derive(Clone)]
+pub struct TestProcess {
+    name: String,
+    pid: i32,
+    log: PathBuf,
+    child: Arc<Mutex<std::process::Child>>,
+}
+
+impl std::fmt::Debug for TestProcess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TestProcess")
+            .field("name", &self.name)
+            .field("pid", &self.pid)
+            .field("log", &self.log)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TestProcess {
+    /// The name it was started under.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Its PID.
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// Its log (stdout and stderr).
+    pub fn log(&self) -> PathBuf {
+        self.log.clone()
+    }
+
+    /// Whether it still runs.
+    pub fn running(&self) -> bool {
+        self.child
+            .lock()
+            .map(|mut c| matches!(c.try_wait(), Ok(None)))
+            .unwrap_or(false)
+    }
+
+    /// Stops it: SIGTERM, then SIGKILL after a grace period. Stopping a stopped process does
+    /// nothing.
+    pub fn stop(&self) {
+        self.signal(nix::sys::signal::Signal::SIGTERM);
+    }
+
+    /// Kills it at once with SIGKILL, as a crash would.
+    pub fn kill(&self) {
+        self.signal(nix::sys::signal::Signal::SIGKILL);
+    }
+
+    fn signal(&self, signal: nix::sys::signal::Signal) {
+        use nix::sys::signal::{Signal, kill};
+        use nix::unistd::Pid;
+        let Ok(mut child) = self.child.lock() else {
+            return;
+        };
+        if !matches!(child.try_wait(), Ok(None)) {
+            return;
+        }
+        let _ = kill(Pid::from_raw(self.pid), signal);
+        let deadline = Instant::now() + PROCESS_STOP_TIMEOUT;
+        loop {
+            if !matches!(child.try_wait(), Ok(None)) {
+                return;
+            }
+            if Instant::now() > deadline {
+                let _ = kill(Pid::from_raw(self.pid), Signal::SIGKILL);
+                let _ = child.wait();
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// The last `lines` lines of a file.
+fn tail_of(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+impl TestContext {
+    /// A folder for this test's files (short, so unix sockets fit in it), created on first use
+    /// and kept with the run's logs when a test fails.
+    pub fn scratch_dir(&self) -> Result<PathBuf> {
+        std::fs::create_dir_all(&self.scratch)?;
+        Ok(self.scratch.clone())
+    }
+
+    /// Starts `program` with `args` and `env`, its output in `<scratch>/<name>.log`; it is
+    /// stopped when the test ends.
+    pub fn spawn(
+        &self,
+        name: &str,
+        program: &Path,
+        args: &[String],
+        env: &[(&str, &str)],
+    ) -> Result<TestProcess> {
+        use std::io::Write;
+        let dir = self.scratch_dir()?;
+        let mut processes = self
+            .processes
+            .lock()
+            .map_err(|_| anyhow::anyhow!("process list poisoned"))?;
+        let earlier = processes.iter().filter(|p| p.name == name).count();
+        let log = if earlier == 0 {
+            dir.join(format!("{name}.log"))
+        } else {
+            dir.join(format!("{name}-{}.log", earlier + 1))
+        };
+        let file = std::fs::File::create(&log)?;
+        let child = std::process::Command::new(program)
+            .args(args)
+            .envs(env.iter().copied())
+            .stdin(std::process::Stdio::null())
+            .stdout(file.try_clone()?)
+            .stderr(file)
+            .spawn()
+            .with_context(|| format!("starting {}", program.display()))?;
+        let pid = i32::try_from(child.id()).context("pid out of range")?;
+        std::fs::create_dir_all(&self.processes_dir)?;
+        let mut pids = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.processes_dir.join(crate::cluster::PID_FILE))?;
+        let exe = std::fs::canonicalize(program).unwrap_or_else(|_| program.to_owned());
+        writeln!(pids, "{name} {pid} {}", exe.display())?;
+        let process = TestProcess {
+            name: name.to_owned(),
+            pid,
+            log,
+            child: Arc::new(Mutex::new(child)),
+        };
+        processes.push(process.clone());
+        Ok(process)
+    }
+
+    /// A kubeconfig file for `user` in `groups`, with a client certificate from the cluster's
+    /// PKI (the apiserver reads the user from the CN and the groups from O).
+    pub fn kubeconfig_for(&self, user: &str, groups: &[&str]) -> Result<PathBuf> {
+        let text = {
+            let cluster = self
+                .cluster
+                .lock()
+                .map_err(|_| anyhow::anyhow!("cluster poisoned"))?;
+            let cluster = cluster.as_ref().context("the control plane is stopped")?;
+            let identity = cluster.pki.client(user, groups)?;
+            cluster.pki.kubeconfig(&cluster.server, user, &identity)
+        };
+        let file: String = user
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        let path = self.scratch_dir()?.join(format!("kubeconfig-{file}"));
+        std::fs::write(&path, text)?;
+        Ok(path)
+    }
+
+    /// A client that authenticates as `user` in `groups` with a client certificate.
+    pub async fn client_for(&self, user: &str, groups: &[&str]) -> Result<Client> {
+        client_from(&self.kubeconfig_for(user, groups)?).await
+    }
+
+    /// A client that authenticates with a bearer token (a ServiceAccount token).
+    pub async fn client_with_token(&self, token: &str) -> Result<Client> {
+        use base64::Engine;
+        let (server, ca) = {
+            let cluster = self
+                .cluster
+                .lock()
+                .map_err(|_| anyhow::anyhow!("cluster poisoned"))?;
+            let cluster = cluster.as_ref().context("the control plane is stopped")?;
+            (cluster.server.clone(), cluster.pki.ca_pem.clone())
+        };
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\nusers:\n- name: u\n  user:\n    token: {token}\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: u\ncurrent-context: c\n",
+            ca = base64::engine::general_purpose::STANDARD.encode(ca),
+        );
+        let kubeconfig: kube::config::Kubeconfig = serde_yaml::from_str(&text)?;
+        let config = kube::Config::from_custom_kubeconfig(
+            kubeconfig,
+            &kube::config::KubeConfigOptions::default(),
+        )
+        .await?;
+        Ok(Client::try_from(config)?)
+    }
+}
+
+async fn client_from(path: &Path) -> Result<Client> {
+    let kubeconfig = kube::config::Kubeconfig::read_from(path)?;
+    let config = kube::Config::from_custom_kubeconfig(
+        kubeconfig,
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await?;
+    Ok(Client::try_from(config)?)
+}
+
+/// The path of a binary of this workspace, built with cargo on first use in a run (a no-op
+/// when it is up to date), in the same profile as the tests. `RUNTIMEKIT_BIN_<NAME>` (the
+/// binary's name in upper case, `-` as `_`) names a prebuilt one instead.
+pub fn workspace_binary(package: &str, binary: &str) -> Result<PathBuf> {
+    static BUILT: Mutex<BTreeMap<String, PathBuf>> = Mutex::new(BTreeMap::new());
+    let variable = format!("RUNTIMEKIT_BIN_{}", binary.to_uppercase().replace('-', "_"));
+    if let Some(path) = std::env::var_os(&variable) {
+        return Ok(PathBuf::from(path));
+    }
+    let mut built = BUILT
+        .lock()
+        .map_err(|_| anyhow::anyhow!("build list poisoned"))?;
+    if let Some(path) = built.get(binary) {
+        return Ok(path.clone());
+    }
+    let cargo = std::env::var_os("CARGO")
+        .or_else(|| option_env!("CARGO").map(Into::into))
+        .unwrap_or_else(|| "cargo".into());
+    let mut command = std::process::Command::new(cargo);
+    // The variables cargo sets for the test itself would make this build differ from a plain
+    // one (build scripts watch some), and rebuild dependencies for nothing.
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy();
+        if name.starts_with("CARGO_PKG_")
+            || [
+                "CARGO_MANIFEST_DIR",
+                "CARGO_MANIFEST_PATH",
+                "CARGO_MANIFEST_LINKS",
+                "CARGO_CRATE_NAME",
+                "CARGO_BIN_NAME",
+                "CARGO_PRIMARY_PACKAGE",
+                "CARGO_TARGET_TMPDIR",
+                "OUT_DIR",
+            ]
+            .contains(&name.as_ref())
+        {
+            command.env_remove(name.as_ref());
+        }
+    }
+    command
+        .current_dir(crate::tools::repo_root())
+        .args(["build", "-p", package, "--bin", binary])
+        .arg("--message-format=json-render-diagnostics")
+        .stderr(std::process::Stdio::inherit());
+    if !cfg!(debug_assertions) {
+        command.arg("--release");
+    }
+    let output = command
+        .output()
+        .with_context(|| format!("building {binary} with cargo"))?;
+    if !output.status.success() {
+        bail!("cargo could not build {binary} ({})", output.status);
+    }
+    let path = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == binary)
+        .find_map(|m| m["executable"].as_str().map(PathBuf::from))
+        .with_context(|| format!("cargo built no executable named {binary}"))?;
+    built.insert(binary.to_owned(), path.clone());
+    Ok(path)
 }

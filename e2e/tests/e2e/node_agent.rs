@@ -1,0 +1,1160 @@
+//! The node agent on the real control plane: one agent process per kwok node (the built
+//! `runtimekit-node-agent` binary, with a simulated resource layer and a node-scoped client
+//! certificate), and beside each a test kubelet that speaks the device-plugin protocol and writes
+//! the Node's capacity as a kubelet would. The tests play the operator's part (pods bound with
+//! `spec.nodeName`, the GpuSlices it would create), except the last, which runs the operator.
+
+use anyhow::{Context, Result, bail, ensure};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::ResourceExt;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use runtimekit_crds::{
+    CardHealth, GpuSlice, MigInstanceRef, SLICE_FINALIZER, SlicePhase, TopologyGroup,
+};
+use runtimekit_e2e::harness::{Test, TestProcess, workspace_binary};
+use runtimekit_e2e::{FakeNode, TestContext, tests};
+use runtimekit_node_agent::testkit::TestKubelet;
+use runtimekit_proto::resource::v1alpha1 as pb;
+use serde_json::json;
+use std::path::PathBuf;
+use std::time::Duration;
+use tokio::sync::OnceCell;
+
+pub const TESTS: &[Test] = tests![
+    node_agent_reports_its_node,
+    node_agent_mig_instance_follows_its_pod,
+    node_agent_restart_adopts_instances,
+    node_agent_card_fault_and_recovery,
+    node_agent_never_gives_a_sliced_card_whole,
+    node_agent_writes_only_its_own_node,
+    node_agent_enacts_what_the_operator_decides,
+];
+
+const WAIT: Duration = Duration::from_secs(30);
+const AGENT_GROUP: &str = "runtimekit:node-agents";
+
+fn agent_user(node: &str) -> String {
+    format!("runtimekit:node-agent:{node}")
+}
+
+/// Installs the agents' RBAC and admission policies once per run, from the files users apply.
+async fn install_agent_access(ctx: &TestContext) -> Result<()> {
+    static INSTALLED: OnceCell<()> = OnceCell::const_new();
+    INSTALLED
+        .get_or_try_init(|| async {
+            let dir = runtimekit_e2e::tools::repo_root().join("config/node-agent");
+            ctx.kubectl_ok(
+                &["apply", "--server-side", "-f", "-"],
+                Some(r#"{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "runtimekit-system"}}"#),
+            )?;
+            for file in ["rbac.yaml", "admission-policy.yaml"] {
+                let path = dir.join(file);
+                ctx.kubectl_ok(
+                    &[
+                        "apply",
+                        "--server-side",
+                        "--force-conflicts",
+                        "-n",
+                        "runtimekit-system",
+                        "-f",
+                        &path.to_string_lossy(),
+                    ],
+                    None,
+                )?;
+            }
+            Ok::<(), anyhow::Error>(())
+        })
+        .await?;
+    Ok(())
+}
+
+/// A kwok node with its agent and test kubelet.
+struct AgentNode {
+    name: String,
+    dir: PathBuf,
+    args: Vec<String>,
+    agent: TestProcess,
+    kubelet: TestKubelet,
+}
+
+impl AgentNode {
+    /// Creates a kwok node and starts its test kubelet and agent (simulating `profile`);
+    /// returns once the agent reports the node's TopologyGroup.
+    async fn start(ctx: &TestContext, short: &str, profile: &str) -> Result<AgentNode> {
+        Self::start_with(ctx, short, profile, None).await
+    }
+
+    /// [`AgentNode::start`], with the shared configuration `config` (YAML) given to the agent.
+    async fn start_with(
+        ctx: &TestContext,
+        short: &str,
+        profile: &str,
+        config: Option<&str>,
+    ) -> Result<AgentNode> {
+        install_agent_access(ctx).await?;
+        let node = ctx
+            .fake_node(FakeNode::new(short).label("lj_runtimekit_enable", "true"))
+            .await?;
+        let name = node.name_any();
+        let nodes = ctx.cluster_api::<Node>();
+        ctx.wait_for("the kwok node to be Ready", WAIT, || async {
+            let node = nodes.get(&name).await?;
+            let ready = node
+                .status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True");
+            Ok(ready.then_some(()))
+        })
+        .await?;
+        let dir = ctx.scratch_dir()?.join(short);
+        let mut kubelet = TestKubelet::start(&dir.join("kubelet")).await?;
+        kubelet.sync_node(ctx.client.clone(), &name);
+        kubelet.admit_pods(ctx.client.clone(), &name);
+        let kubeconfig = ctx.kubeconfig_for(&agent_user(&name), &[AGENT_GROUP])?;
+        let mut args = vec![
+            format!("--node-name={name}"),
+            format!("--kubeconfig={}", kubeconfig.display()),
+            format!("--simulate={profile}"),
+            format!("--state-dir={}", dir.join("state").display()),
+            format!("--kubelet-dir={}", kubelet.device_plugin_dir().display()),
+            format!(
+                "--pod-resources-socket={}",
+                kubelet.pod_resources_socket().display()
+            ),
+            "--heartbeat-interval=2s".into(),
+            "--resync-interval=2s".into(),
+        ];
+        if let Some(config) = config {
+            let path = dir.join("config.yaml");
+            std::fs::create_dir_all(&dir)?;
+            std::fs::write(&path, config)?;
+            args.push(format!("--config={}", path.display()));
+        }
+        let agent = spawn_agent(ctx, short, &args)?;
+        let node = AgentNode {
+            name,
+            dir,
+            args,
+            agent,
+            kubelet,
+        };
+        node.wait_group(ctx, "the agent's first report", |g| {
+            let ready = g.status.as_ref().is_some_and(|s| {
+                !s.cards.is_empty() && s.conditions.iter().any(|c| c.status == "True")
+            });
+            ready.then_some(())
+        })
+        .await?;
+        Ok(node)
+    }
+
+    /// The simulated resource layer's socket (the agent serves it in-process).
+    fn layer_socket(&self) -> PathBuf {
+        self.dir.join("state").join("resource-layer.sock")
+    }
+
+    async fn group(&self, ctx: &TestContext) -> Result<TopologyGroup> {
+        Ok(ctx.cluster_api::<TopologyGroup>().get(&self.name).await?)
+    }
+
+    async fn wait_group<T>(
+        &self,
+        ctx: &TestContext,
+        what: &str,
+        mut check: impl FnMut(&TopologyGroup) -> Option<T>,
+    ) -> Result<T> {
+        let groups = ctx.cluster_api::<TopologyGroup>();
+        let deadline = std::time::Instant::now() + WAIT;
+        let mut last = None;
+        loop {
+            match groups.get_opt(&self.name).await {
+                Ok(Some(group)) => {
+                    if let Some(value) = check(&group) {
+                        return Ok(value);
+                    }
+                    last = group.status;
+                }
+                Ok(None) => {}
+                Err(error) => last_error(&error),
+            }
+            if std::time::Instant::now() > deadline {
+                bail!(
+                    "timed out after {WAIT:?} waiting for {what}; the TopologyGroup's status: {last:?}"
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// The allocatable count of `resource` in the Node's status.
+    async fn allocatable(&self, ctx: &TestContext, resource: &str) -> Result<Option<String>> {
+        let node = ctx.cluster_api::<Node>().get(&self.name).await?;
+        Ok(node
+            .status
+            .and_then(|s| s.allocatable)
+            .and_then(|a| a.get(resource).map(|q| q.0.clone())))
+    }
+
+    async fn wait_allocatable(&self, ctx: &TestContext, resource: &str, want: &str) -> Result<()> {
+        ctx.wait_for(
+            &format!("{resource} allocatable {want} on {}", self.name),
+            WAIT,
+            || async {
+                Ok((self.allocatable(ctx, resource).await?.as_deref() == Some(want)).then_some(()))
+            },
+        )
+        .await
+    }
+
+    /// The instances the resource layer holds now.
+    async fn instances(&self) -> Result<Vec<pb::Instance>> {
+        let mut client = runtimekit_resource_layer::resource_client(self.layer_socket()).await?;
+        Ok(client
+            .list_instances(pb::ListInstancesRequest::default())
+            .await?
+            .into_inner()
+            .instances)
+    }
+
+    async fn fault(&self, card: u32, kind: pb::FaultKind, xid: u32) -> Result<()> {
+        let mut client = runtimekit_resource_layer::fault_client(self.layer_socket()).await?;
+        client
+            .inject_fault(pb::InjectFaultRequest {
+                device_index: card,
+                kind: kind.into(),
+                xid,
+                ..Default::default()
+            })
+            .await?;
+        Ok(())
+    }
+
+    async fn clear(&self, card: u32) -> Result<()> {
+        let mut client = runtimekit_resource_layer::fault_client(self.layer_socket()).await?;
+        client
+            .clear_fault(pb::ClearFaultRequest {
+                device_index: card,
+                ..Default::default()
+            })
+            .await?;
+        Ok(())
+    }
+
+    /// The card UUIDs, from the agent's report.
+    async fn uuids(&self, ctx: &TestContext) -> Result<Vec<String>> {
+        let group = self.group(ctx).await?;
+        Ok(group
+            .status
+            .unwrap_or_default()
+            .cards
+            .into_iter()
+            .map(|c| c.uuid)
+            .collect())
+    }
+}
+
+fn last_error(error: &kube::Error) {
+    eprintln!("reading the TopologyGroup: {error}");
+}
+
+fn spawn_agent(ctx: &TestContext, short: &str, args: &[String]) -> Result<TestProcess> {
+    let binary = workspace_binary("runtimekit-node-agent", "runtimekit-node-agent")?;
+    ctx.spawn(
+        &format!("agent-{short}"),
+        &binary,
+        args,
+        &[("RUST_LOG", "info,runtimekit_node_agent=debug")],
+    )
+}
+
+/// A pod of `limits` in the test's namespace, bound to `node` when given (as a scheduler
+/// would), left pending otherwise.
+async fn pod(
+    ctx: &TestContext,
+    name: &str,
+    node: Option<&str>,
+    limits: serde_json::Value,
+) -> Result<Pod> {
+    let mut spec = json!({"schedulerName": "none", "containers": [
+        {"name": "app", "image": "busybox", "resources": {"limits": limits}}]});
+    if let Some(node) = node {
+        spec["nodeName"] = json!(node);
+    }
+    let pod: Pod = serde_json::from_value(
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}),
+    )?;
+    Ok(ctx
+        .api::<Pod>()
+        .create(&PostParams::default(), &pod)
+        .await?)
+}
+
+/// Binds a pending pod as a scheduler does.
+async fn bind(ctx: &TestContext, name: &str, node: &str) -> Result<()> {
+    let binding = json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
+        "target": {"kind": "Node", "name": node}});
+    let _: serde_json::Value = ctx
+        .api::<Pod>()
+        .create_subresource("binding", name, &PostParams::default(), &binding)
+        .await?;
+    Ok(())
+}
+
+/// The GpuSlice the operator would create for one card of `pod`.
+async fn slice(
+    ctx: &TestContext,
+    pod: &Pod,
+    node: &str,
+    card: (u32, &str),
+    spec: serde_json::Value,
+) -> Result<GpuSlice> {
+    let pod_name = pod.name_any();
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    let mut full = json!({
+        "nodeName": node,
+        "card": {"index": card.0, "uuid": card.1},
+        "pod": {"namespace": ctx.namespace, "name": pod_name, "uid": uid, "container": "app"},
+        "replicaIndex": 0,
+    });
+    for (k, v) in spec.as_object().into_iter().flatten() {
+        full[k] = v.clone();
+    }
+    let object: GpuSlice = serde_json::from_value(json!({
+        "apiVersion": "runtimekit.aliyun.com/v1alpha1", "kind": "GpuSlice",
+        "metadata": {
+            "name": format!("{pod_name}-{}", &uid[..8.min(uid.len())]),
+            "finalizers": [SLICE_FINALIZER],
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": pod_name, "uid": uid}],
+        },
+        "spec": full,
+    }))?;
+    Ok(ctx
+        .api::<GpuSlice>()
+        .create(&PostParams::default(), &object)
+        .await?)
+}
+
+async fn wait_phase(ctx: &TestContext, name: &str, phase: SlicePhase) -> Result<GpuSlice> {
+    let slices = ctx.api::<GpuSlice>();
+    ctx.wait_for(&format!("slice {name} {phase:?}"), WAIT, || async {
+        let slice = slices.get(name).await?;
+        Ok((slice.status.as_ref().and_then(|s| s.phase) == Some(phase)).then_some(slice))
+    })
+    .await
+}
+
+async fn wait_gone(ctx: &TestContext, name: &str) -> Result<()> {
+    let slices = ctx.api::<GpuSlice>();
+    ctx.wait_for(&format!("slice {name} to be released"), WAIT, || async {
+        Ok(slices.get_opt(name).await?.is_none().then_some(()))
+    })
+    .await
+}
+
+async fn delete_pod(ctx: &TestContext, name: &str) -> Result<()> {
+    ctx.api::<Pod>()
+        .delete(name, &DeleteParams::default().grace_period(0))
+        .await?;
+    Ok(())
+}
+
+/// Deletes every pod of the test and waits until the agents have released every slice (so the
+/// namespace can go).
+async fn release_all(ctx: &TestContext) -> Result<()> {
+    for pod in ctx.api::<Pod>().list(&ListParams::default()).await?.items {
+        delete_pod(ctx, &pod.name_any()).await?;
+    }
+    let slices = ctx.api::<GpuSlice>();
+    ctx.wait_for("every slice to be released", WAIT, || async {
+        Ok(slices
+            .list(&ListParams::default())
+            .await?
+            .items
+            .is_empty()
+            .then_some(()))
+    })
+    .await
+}
+
+/// The phases a slice shows, in order, collected from a watch until `until` is seen.
+fn record_phases(
+    ctx: &TestContext,
+    name: &str,
+    until: SlicePhase,
+) -> tokio::task::JoinHandle<Vec<SlicePhase>> {
+    let slices = ctx.api::<GpuSlice>();
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    tokio::spawn(async move {
+        let mut seen: Vec<SlicePhase> = Vec::new();
+        let mut events = Box::pin(watcher(slices, config));
+        while let Some(event) = events.next().await {
+            let Ok(watcher::Event::Apply(slice) | watcher::Event::InitApply(slice)) = event else {
+                continue;
+            };
+            if let Some(phase) = slice.status.and_then(|s| s.phase)
+                && seen.last() != Some(&phase)
+            {
+                seen.push(phase);
+                if phase == until {
+                    break;
+                }
+            }
+        }
+        seen
+    })
+}
+
+async fn node_agent_reports_its_node(ctx: TestContext) -> Result<()> {
+    let h800 = AgentNode::start(&ctx, "h800", "h800-8").await?;
+    // This agent counts memory in MiB: no device per MiB, a node-level resource instead.
+    let a100 = AgentNode::start_with(
+        &ctx,
+        "a100",
+        "a100-40gb-8",
+        Some("resourcePrefix: aliyun.com\nmemoryUnit: MiB\n"),
+    )
+    .await?;
+
+    let group = h800.group(&ctx).await?;
+    ensure!(
+        group.spec.tier == runtimekit_crds::Tier::Node
+            && group.spec.node_name.as_deref() == Some(h800.name.as_str()),
+        "spec: {:?}",
+        group.spec
+    );
+    let status = group.status.context("status")?;
+    ensure!(
+        status.cards.len() == 8 && status.nics.len() == 4,
+        "{status:?}"
+    );
+    let card0 = &status.cards[0];
+    ensure!(
+        card0.model == "NVIDIA H800"
+            && card0.memory_mib == 81559
+            && card0.uuid.starts_with("GPU-")
+            && card0.health == CardHealth::Healthy
+            && card0.pcie_switch.as_deref() == Some("pex0")
+            && card0.numa_node == Some(0)
+            && card0.socket == Some(0)
+            && card0.interconnect_group.is_some()
+            && card0.mig_capable
+            && !card0.mig_enabled,
+        "card 0: {card0:?}"
+    );
+    // NVSwitch: 8 links to each of the 7 other cards, a peer once per link.
+    ensure!(
+        card0.nvlink_peers.len() == 56
+            && card0.nvlink_peers.iter().filter(|p| **p == 7).count() == 8,
+        "peers: {:?}",
+        card0.nvlink_peers
+    );
+    ensure!(status.cards[6].mig_enabled && status.cards[7].mig_enabled);
+    let capacity = status.capacity.clone().context("capacity")?;
+    ensure!(
+        (
+            capacity.nodes,
+            capacity.cards,
+            capacity.healthy_cards,
+            capacity.free_cards,
+            capacity.mig_cards
+        ) == (1, 8, 8, 8, 2),
+        "{capacity:?}"
+    );
+    let a100_status = a100.group(&ctx).await?.status.context("status")?;
+    ensure!(
+        a100_status.capacity.as_ref().map(|c| c.mig_cards) == Some(4)
+            && a100_status.cards[0].model.contains("A100"),
+        "{a100_status:?}"
+    );
+
+    // The heartbeat moves on (every 2 s here).
+    let first = status.heartbeat_time.clone().context("heartbeat")?;
+    h800.wait_group(&ctx, "a newer heartbeat", |g| {
+        let beat = g.status.as_ref()?.heartbeat_time.clone()?;
+        (beat.0 > first.0).then_some(())
+    })
+    .await?;
+
+    // kubectl describe node shows every resource of SPEC section 6, from the device plugin.
+    for (resource, count) in [
+        ("aliyun.com/gpu", "6"),
+        ("nvidia.com/gpu", "6"),
+        ("aliyun.com/gpu-core", "600"),
+        ("aliyun.com/gpu-memory", "632"),
+        ("aliyun.com/gpu-slice", "14"),
+        ("aliyun.com/rdma", "512"),
+    ] {
+        h800.wait_allocatable(&ctx, resource, count).await?;
+    }
+    a100.wait_allocatable(&ctx, "aliyun.com/gpu-slice", "28")
+        .await?;
+    // Four TDM and four MIG cards of 40960 MiB, written by the agent into the Node's status.
+    a100.wait_allocatable(&ctx, "aliyun.com/gpu-memory", "327680")
+        .await?;
+    let a100_node = ctx.cluster_api::<Node>().get(&a100.name).await?;
+    let a100_capacity = a100_node
+        .status
+        .and_then(|s| s.capacity)
+        .unwrap_or_default();
+    ensure!(
+        a100_capacity
+            .get("aliyun.com/gpu-memory")
+            .map(|q| q.0.as_str())
+            == Some("327680")
+            && a100_capacity
+                .get("aliyun.com/gpu-core")
+                .map(|q| q.0.as_str())
+                == Some("400"),
+        "{a100_capacity:?}"
+    );
+    ensure!(
+        a100.kubelet
+            .view()
+            .plugins
+            .keys()
+            .all(|r| r != "aliyun.com/gpu-memory"),
+        "no memory device plugin in MiB mode"
+    );
+    let described = ctx.kubectl_ok(&["describe", "node", &h800.name], None)?;
+    for resource in [
+        "aliyun.com/gpu:",
+        "nvidia.com/gpu:",
+        "aliyun.com/gpu-core:",
+        "aliyun.com/gpu-memory:",
+        "aliyun.com/gpu-slice:",
+        "aliyun.com/rdma:",
+    ] {
+        ensure!(
+            described.matches(resource).count() >= 2,
+            "{resource} in capacity and allocatable:\n{described}"
+        );
+    }
+    Ok(())
+}
+
+async fn node_agent_mig_instance_follows_its_pod(ctx: TestContext) -> Result<()> {
+    let node = AgentNode::start(&ctx, "mig", "h800-8").await?;
+    let uuids = node.uuids(&ctx).await?;
+    // A gang member: its slice exists before the pod is bound; nothing may be enacted yet.
+    let pending = pod(&ctx, "mig-pod", None, json!({"aliyun.com/gpu-slice": "3"})).await?;
+    let created = slice(
+        &ctx,
+        &pending,
+        &node.name,
+        (7, &uuids[7]),
+        json!({"mode": "MIG", "slices": 3, "migProfile": "3g.40gb", "migPlacementStart": 4, "memory": "40Gi"}),
+    )
+    .await?;
+    let name = created.name_any();
+    let reserved = json!({"apiVersion": "runtimekit.aliyun.com/v1alpha1", "kind": "GpuSlice", "status": {"phase": "Reserved"}});
+    ctx.api::<GpuSlice>()
+        .patch_status(
+            &name,
+            &PatchParams::apply("e2e-operator").force(),
+            &Patch::Apply(&reserved),
+        )
+        .await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let held = ctx.api::<GpuSlice>().get(&name).await?;
+    ensure!(
+        held.status.as_ref().and_then(|s| s.phase) == Some(SlicePhase::Reserved),
+        "not enacted before its pod is bound: {:?}",
+        held.status
+    );
+    ensure!(node.instances().await?.is_empty(), "no instance yet");
+
+    let phases = record_phases(&ctx, &name, SlicePhase::Ready);
+    bind(&ctx, "mig-pod", &node.name).await?;
+    let ready = wait_phase(&ctx, &name, SlicePhase::Ready).await?;
+    let seen = tokio::time::timeout(WAIT, phases).await??;
+    ensure!(
+        seen.ends_with(&[SlicePhase::Bound, SlicePhase::Creating, SlicePhase::Ready]),
+        "each step shows: {seen:?}"
+    );
+    let status = ready.status.context("status")?;
+    let MigInstanceRef {
+        gpu_instance_id,
+        device_uuid,
+        ..
+    } = status.mig_instance.context("migInstance")?;
+    ensure!(device_uuid.starts_with("MIG-"), "{device_uuid}");
+    ensure!(
+        status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True"),
+        "{:?}",
+        status.conditions
+    );
+    node.wait_group(&ctx, "the instance in the TopologyGroup", |g| {
+        let card = g.status.as_ref()?.cards.get(7)?;
+        card.mig_instances
+            .iter()
+            .any(|i| {
+                i.profile == "3g.40gb"
+                    && i.placement_start == 4
+                    && i.gpu_instance_id == gpu_instance_id
+            })
+            .then_some(())
+    })
+    .await?;
+    let instances = node.instances().await?;
+    ensure!(
+        instances.len() == 1 && instances[0].key == format!("{}/{name}", ctx.namespace),
+        "{instances:?}"
+    );
+    // The kubelet admitted the pod with compute slices of the chosen card (card 7, where the
+    // lowest free slices would be card 6's).
+    let uid = pending.metadata.uid.clone().unwrap_or_default();
+    let admitted = node
+        .kubelet
+        .wait_until(WAIT, |view| {
+            view.admissions
+                .get(&uid)
+                .cloned()
+                .map(|r| (r, view.devices_of(&uid, "aliyun.com/gpu-slice")))
+        })
+        .await
+        .map_err(anyhow::Error::msg)?;
+    ensure!(admitted.0.is_ok(), "admission: {:?}", admitted.0);
+    ensure!(
+        admitted.1.len() == 3
+            && admitted
+                .1
+                .iter()
+                .all(|d| d.starts_with(&format!("{}::", uuids[7]))),
+        "the kubelet's slices are the pod's card's: {:?}",
+        admitted.1
+    );
+
+    // The pod ends: the garbage collector deletes the slice, the agent destroys the instance
+    // and releases the finalizer.
+    delete_pod(&ctx, "mig-pod").await?;
+    wait_gone(&ctx, &name).await?;
+    ensure!(
+        node.instances().await?.is_empty(),
+        "the instance is destroyed"
+    );
+    node.wait_group(&ctx, "no instance in the TopologyGroup", |g| {
+        g.status
+            .as_ref()?
+            .cards
+            .get(6)?
+            .mig_instances
+            .is_empty()
+            .then_some(())
+    })
+    .await?;
+    Ok(())
+}
+
+async fn node_agent_restart_adopts_instances(ctx: TestContext) -> Result<()> {
+    let mut node = AgentNode::start(&ctx, "restart", "h800-8").await?;
+    let uuids = node.uuids(&ctx).await?;
+    let mig_pod = pod(
+        &ctx,
+        "mig",
+        Some(&node.name),
+        json!({"aliyun.com/gpu-slice": "1"}),
+    )
+    .await?;
+    let mig = slice(
+        &ctx,
+        &mig_pod,
+        &node.name,
+        (7, &uuids[7]),
+        json!({"mode": "MIG", "slices": 1, "migProfile": "1g.10gb", "migPlacementStart": 2}),
+    )
+    .await?
+    .name_any();
+    let tdm_pod = pod(
+        &ctx,
+        "tdm",
+        Some(&node.name),
+        json!({"aliyun.com/gpu-core": "50", "aliyun.com/gpu-memory": "8"}),
+    )
+    .await?;
+    let tdm = slice(
+        &ctx,
+        &tdm_pod,
+        &node.name,
+        (0, &uuids[0]),
+        json!({"mode": "TDM", "core": 50, "memory": "8Gi"}),
+    )
+    .await?
+    .name_any();
+    let mig_ready = wait_phase(&ctx, &mig, SlicePhase::Ready).await?;
+    wait_phase(&ctx, &tdm, SlicePhase::Ready).await?;
+
+    // An instance no slice claims (left by a slice whose finalizer someone removed) is
+    // destroyed.
+    let mut layer = runtimekit_resource_layer::resource_client(node.layer_socket()).await?;
+    layer
+        .create_instance(pb::CreateInstanceRequest {
+            key: format!("{}/ghost", ctx.namespace),
+            spec: Some(pb::InstanceSpec {
+                device_index: 1,
+                device_uuid: String::new(),
+                kind: Some(pb::instance_spec::Kind::Tdm(pb::TdmSpec {
+                    core_percent: 10,
+                    memory_mib: 1024,
+                })),
+            }),
+        })
+        .await?;
+    ctx.wait_for("the orphan to be destroyed", WAIT, || async {
+        let keys: Vec<String> = node.instances().await?.into_iter().map(|i| i.key).collect();
+        Ok((!keys.iter().any(|k| k.ends_with("/ghost"))).then_some(keys))
+    })
+    .await?;
+
+    // The agent crashes; meanwhile the TDM pod ends (its slice waits on the finalizer).
+    node.agent.kill();
+    delete_pod(&ctx, "tdm").await?;
+    ctx.wait_for("the TDM slice to be deleting", WAIT, || async {
+        let s = ctx.api::<GpuSlice>().get_opt(&tdm).await?;
+        Ok(s.filter(|s| s.metadata.deletion_timestamp.is_some())
+            .map(|_| ()))
+    })
+    .await?;
+    node.agent = spawn_agent(&ctx, "restart", &node.args)?;
+
+    // The new agent releases the TDM slice, keeps the MIG slice as it was, and leaves
+    // exactly the MIG instance.
+    wait_gone(&ctx, &tdm).await?;
+    let keys = ctx
+        .wait_for("only the MIG instance left", WAIT, || async {
+            let keys: Vec<String> = node.instances().await?.into_iter().map(|i| i.key).collect();
+            Ok((keys.len() == 1).then_some(keys))
+        })
+        .await?;
+    ensure!(keys == [format!("{}/{mig}", ctx.namespace)], "{keys:?}");
+    node.wait_group(&ctx, "the TopologyGroup after the restart", |g| {
+        let status = g.status.as_ref()?;
+        let card7 = status.cards.get(7)?;
+        let fresh = status.conditions.iter().any(|c| c.status == "True");
+        (fresh && card7.mig_instances.len() == 1 && card7.mig_instances[0].placement_start == 2)
+            .then_some(())
+    })
+    .await?;
+    // Give the new agent a few passes; the adopted slice's object is not rewritten.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let after = ctx.api::<GpuSlice>().get(&mig).await?;
+    ensure!(
+        after.metadata.resource_version == mig_ready.metadata.resource_version,
+        "the adopted slice was rewritten: {:?} -> {:?}",
+        mig_ready.status,
+        after.status
+    );
+    ensure!(node.agent.running(), "the new agent runs");
+    release_all(&ctx).await?;
+    ensure!(node.instances().await?.is_empty(), "nothing leaks");
+    Ok(())
+}
+
+async fn node_agent_card_fault_and_recovery(ctx: TestContext) -> Result<()> {
+    let node = AgentNode::start(&ctx, "faulty", "h800-8").await?;
+    node.wait_allocatable(&ctx, "aliyun.com/gpu", "6").await?;
+    node.fault(0, pb::FaultKind::Xid, 79).await?;
+    node.fault(6, pb::FaultKind::CallHang, 0).await?;
+    node.wait_group(&ctx, "cards 0 and 6 unhealthy", |g| {
+        let status = g.status.as_ref()?;
+        let (c0, c6) = (status.cards.first()?, status.cards.get(6)?);
+        (c0.health == CardHealth::Unhealthy
+            && c0
+                .health_reason
+                .as_deref()
+                .is_some_and(|r| r.contains("XID 79"))
+            && c6.health == CardHealth::Unhealthy
+            && status.capacity.as_ref()?.healthy_cards == 6)
+            .then_some(())
+    })
+    .await?;
+    // Unschedulable: out of allocatable (capacity stays).
+    node.wait_allocatable(&ctx, "aliyun.com/gpu", "5").await?;
+    node.wait_allocatable(&ctx, "nvidia.com/gpu", "5").await?;
+    node.wait_allocatable(&ctx, "aliyun.com/gpu-core", "500")
+        .await?;
+    node.wait_allocatable(&ctx, "aliyun.com/gpu-slice", "7")
+        .await?;
+    let capacity = ctx
+        .cluster_api::<Node>()
+        .get(&node.name)
+        .await?
+        .status
+        .and_then(|s| s.capacity)
+        .unwrap_or_default();
+    ensure!(
+        capacity.get("aliyun.com/gpu").map(|q| q.0.as_str()) == Some("6"),
+        "capacity keeps the card: {capacity:?}"
+    );
+    let events = ctx
+        .wait_for("a Warning event on the Node", WAIT, || async {
+            let text = ctx.kubectl_ok(
+                &[
+                    "get",
+                    "events",
+                    "-A",
+                    "--field-selector",
+                    &format!("involvedObject.name={}", node.name),
+                    "-o",
+                    "wide",
+                ],
+                None,
+            )?;
+            Ok((text.contains("GpuUnhealthy") && text.contains("XID 79")).then_some(text))
+        })
+        .await?;
+    ensure!(events.contains("Warning"), "{events}");
+
+    node.clear(0).await?;
+    node.clear(6).await?;
+    node.wait_group(&ctx, "every card healthy again", |g| {
+        let status = g.status.as_ref()?;
+        (status
+            .cards
+            .iter()
+            .all(|c| c.health == CardHealth::Healthy && c.health_reason.is_none())
+            && status.capacity.as_ref()?.healthy_cards == 8)
+            .then_some(())
+    })
+    .await?;
+    node.wait_allocatable(&ctx, "aliyun.com/gpu", "6").await?;
+    node.wait_allocatable(&ctx, "aliyun.com/gpu-slice", "14")
+        .await?;
+    ctx.wait_for("a GpuHealthy event", WAIT, || async {
+        let text = ctx.kubectl_ok(
+            &[
+                "get",
+                "events",
+                "-A",
+                "--field-selector",
+                &format!("involvedObject.name={}", node.name),
+            ],
+            None,
+        )?;
+        Ok(text.contains("GpuHealthy").then_some(()))
+    })
+    .await
+}
+
+async fn node_agent_never_gives_a_sliced_card_whole(ctx: TestContext) -> Result<()> {
+    let node = AgentNode::start(&ctx, "shared", "h800-8").await?;
+    let uuids = node.uuids(&ctx).await?;
+    // A share on card 0, enacted.
+    let share = pod(
+        &ctx,
+        "share",
+        Some(&node.name),
+        json!({"aliyun.com/gpu-core": "30"}),
+    )
+    .await?;
+    let share_slice = slice(
+        &ctx,
+        &share,
+        &node.name,
+        (0, &uuids[0]),
+        json!({"mode": "TDM", "core": 30}),
+    )
+    .await?
+    .name_any();
+    wait_phase(&ctx, &share_slice, SlicePhase::Ready).await?;
+    node.wait_allocatable(&ctx, "nvidia.com/gpu", "5").await?;
+    // Pods of another scheduler asking for whole cards: six do not fit, five never get card 0.
+    let six = pod(
+        &ctx,
+        "six",
+        Some(&node.name),
+        json!({"nvidia.com/gpu": "6"}),
+    )
+    .await?;
+    let five = pod(
+        &ctx,
+        "five",
+        Some(&node.name),
+        json!({"nvidia.com/gpu": "5"}),
+    )
+    .await?;
+    let (six_uid, five_uid) = (
+        six.metadata.uid.unwrap_or_default(),
+        five.metadata.uid.unwrap_or_default(),
+    );
+    let (six_outcome, five_outcome, cards) = node
+        .kubelet
+        .wait_until(WAIT, |view| {
+            Some((
+                view.admissions.get(&six_uid)?.clone(),
+                view.admissions.get(&five_uid)?.clone(),
+                view.devices_of(&five_uid, "nvidia.com/gpu"),
+            ))
+        })
+        .await
+        .map_err(anyhow::Error::msg)?;
+    ensure!(
+        six_outcome
+            .as_ref()
+            .is_err_and(|e| e.contains("UnexpectedAdmissionError")),
+        "six cards: {six_outcome:?}"
+    );
+    ensure!(five_outcome.is_ok(), "five cards: {five_outcome:?}");
+    ensure!(
+        cards.len() == 5 && !cards.contains(&uuids[0]),
+        "card 0 holds a slice: {cards:?}"
+    );
+    // The card given whole is not free for the scheduler any more.
+    node.wait_group(&ctx, "no free card left", |g| {
+        (g.status.as_ref()?.capacity.as_ref()?.free_cards == 2).then_some(())
+    })
+    .await?;
+    release_all(&ctx).await
+}
+
+/// Expects a write to be refused with 403 and the policy's message.
+fn forbidden<T: std::fmt::Debug>(outcome: kube::Result<T>, message: &str) -> Result<()> {
+    match outcome {
+        Err(kube::Error::Api(e)) if e.code == 403 && e.message.contains(message) => Ok(()),
+        other => bail!("expected 403 with {message:?}, got {other:?}"),
+    }
+}
+
+async fn node_agent_writes_only_its_own_node(ctx: TestContext) -> Result<()> {
+    install_agent_access(&ctx).await?;
+    let a = ctx
+        .fake_node(FakeNode::new("a").label("lj_runtimekit_enable", "true"))
+        .await?
+        .name_any();
+    let b = ctx
+        .fake_node(FakeNode::new("b").label("lj_runtimekit_enable", "true"))
+        .await?
+        .name_any();
+    let agent_a = ctx.client_for(&agent_user(&a), &[AGENT_GROUP]).await?;
+    let apply = PatchParams::apply("runtimekit-node-agent-topology").force();
+    let group = |node: &str| {
+        json!({"apiVersion": "runtimekit.aliyun.com/v1alpha1", "kind": "TopologyGroup",
+        "metadata": {"name": node}, "spec": {"tier": "Node", "nodeName": node}})
+    };
+    let status = json!({"apiVersion": "runtimekit.aliyun.com/v1alpha1", "kind": "TopologyGroup",
+        "status": {"capacity": {"nodes": 1, "cards": 0, "healthyCards": 0, "freeCards": 0}}});
+    // Node B's group, as its agent would have made it.
+    ctx.cluster_api::<TopologyGroup>()
+        .patch(&b, &apply, &Patch::Apply(group(&b)))
+        .await?;
+    let groups_a = kube::Api::<TopologyGroup>::all(agent_a.clone());
+    // The policy is enforced a moment after it is created: wait until it is.
+    ctx.wait_for("the admission policy to be enforced", WAIT, || async {
+        let outcome = groups_a
+            .patch_status(&b, &apply, &Patch::Apply(&status))
+            .await;
+        Ok(matches!(outcome, Err(kube::Error::Api(ref e)) if e.code == 403).then_some(()))
+    })
+    .await?;
+    let message = "a node agent may write only the TopologyGroup of its own node";
+    forbidden(
+        groups_a
+            .patch_status(&b, &apply, &Patch::Apply(&status))
+            .await,
+        message,
+    )?;
+    forbidden(
+        groups_a.patch(&b, &apply, &Patch::Apply(group(&b))).await,
+        message,
+    )?;
+    let other = format!("{}-elsewhere", ctx.namespace);
+    forbidden(
+        groups_a
+            .patch(&other, &apply, &Patch::Apply(group(&other)))
+            .await,
+        message,
+    )?;
+    // Its own: created and written.
+    groups_a.patch(&a, &apply, &Patch::Apply(group(&a))).await?;
+    groups_a
+        .patch_status(&a, &apply, &Patch::Apply(&status))
+        .await?;
+
+    // GpuSlices: only those on its node, and never their spec.
+    let owner = pod(&ctx, "owner", None, json!({})).await?;
+    let slice_b = slice(&ctx, &owner, &b, (0, "GPU-b"), json!({"mode": "Whole"}))
+        .await?
+        .name_any();
+    let on_a = pod(&ctx, "owner-a", None, json!({})).await?;
+    let slice_a = slice(&ctx, &on_a, &a, (0, "GPU-a"), json!({"mode": "Whole"}))
+        .await?
+        .name_any();
+    let slices_a = kube::Api::<GpuSlice>::namespaced(agent_a.clone(), &ctx.namespace);
+    let slice_status = json!({"apiVersion": "runtimekit.aliyun.com/v1alpha1", "kind": "GpuSlice", "status": {"phase": "Ready"}});
+    let manager = PatchParams::apply("runtimekit-node-agent").force();
+    forbidden(
+        slices_a
+            .patch_status(&slice_b, &manager, &Patch::Apply(&slice_status))
+            .await,
+        "a node agent may write only the GpuSlices of its own node",
+    )?;
+    forbidden(
+        slices_a
+            .patch(
+                &slice_b,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"finalizers": []}})),
+            )
+            .await,
+        "a node agent may write only the GpuSlices of its own node",
+    )?;
+    slices_a
+        .patch_status(&slice_a, &manager, &Patch::Apply(&slice_status))
+        .await?;
+    forbidden(
+        slices_a
+            .patch(
+                &slice_a,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"replicaIndex": 3}})),
+            )
+            .await,
+        "not its spec",
+    )?;
+    slices_a
+        .patch(
+            &slice_a,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": []}})),
+        )
+        .await?;
+
+    // Nodes: its own status, not another's.
+    let nodes_a = kube::Api::<Node>::all(agent_a.clone());
+    let node_status = |node: &str| {
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node},
+        "status": {"capacity": {"example.org/probe": "1"}}})
+    };
+    let node_manager = PatchParams::apply("runtimekit-node-agent-resources").force();
+    forbidden(
+        nodes_a
+            .patch_status(&b, &node_manager, &Patch::Apply(node_status(&b)))
+            .await,
+        "a node agent may write only its own Node",
+    )?;
+    nodes_a
+        .patch_status(&a, &node_manager, &Patch::Apply(node_status(&a)))
+        .await?;
+    // RBAC gives agents nothing else: no deleting groups, no creating slices.
+    forbidden(
+        groups_a.delete(&b, &DeleteParams::default()).await,
+        "forbidden",
+    )?;
+
+    // The DaemonSet's identity: the ServiceAccount token bound to a pod on node A names node A.
+    let pods = kube::Api::<Pod>::namespaced(ctx.client.clone(), "runtimekit-system");
+    let agent_pod: Pod = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": format!("{}-agent", ctx.namespace)},
+        "spec": {"nodeName": a, "serviceAccountName": "runtimekit-node-agent", "automountServiceAccountToken": false,
+                 "containers": [{"name": "agent", "image": "runtimekit-node-agent"}]}}))?;
+    let agent_pod = pods.create(&PostParams::default(), &agent_pod).await?;
+    let request = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {
+        "expirationSeconds": 3600,
+        "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": agent_pod.name_any(), "uid": agent_pod.metadata.uid}}});
+    let accounts = kube::Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(
+        ctx.client.clone(),
+        "runtimekit-system",
+    );
+    let token: k8s_openapi::api::authentication::v1::TokenRequest = accounts
+        .create_subresource(
+            "token",
+            "runtimekit-node-agent",
+            &PostParams::default(),
+            &request,
+        )
+        .await?;
+    let token = token.status.context("token")?.token;
+    let daemon = ctx.client_with_token(&token).await?;
+    let groups_sa = kube::Api::<TopologyGroup>::all(daemon);
+    groups_sa
+        .patch_status(&a, &apply, &Patch::Apply(&status))
+        .await?;
+    forbidden(
+        groups_sa
+            .patch_status(&b, &apply, &Patch::Apply(&status))
+            .await,
+        message,
+    )?;
+    pods.delete(
+        &agent_pod.name_any(),
+        &DeleteParams::default().grace_period(0),
+    )
+    .await?;
+    // No agent runs for node B: take its slice's finalizer off as the operator would.
+    ctx.api::<GpuSlice>()
+        .patch(
+            &slice_b,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": []}})),
+        )
+        .await?;
+    Ok(())
+}
+
+async fn node_agent_enacts_what_the_operator_decides(ctx: TestContext) -> Result<()> {
+    use runtimekit_operator::leader::Timing;
+    use runtimekit_operator::run::{RunOptions, run_with};
+    let node = AgentNode::start(&ctx, "op", "h800-8").await?;
+    let runtime_class = runtimekit_e2e::tools::repo_root().join("config/runtime/runtimeclass.yaml");
+    ctx.kubectl_ok(&["apply", "-f", &runtime_class.to_string_lossy()], None)?;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let operator = tokio::spawn(run_with(
+        ctx.client.clone(),
+        RunOptions {
+            config: None,
+            listen: std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?,
+            identity: "op-agents".into(),
+            namespace: ctx.namespace.clone(),
+            lease: "lj-runtimekit-scheduler".into(),
+            timing: Timing {
+                lease_duration: Duration::from_secs(4),
+                renew_deadline: Duration::from_secs(3),
+                retry_period: Duration::from_millis(500),
+            },
+        },
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    let outcome = async {
+        let mig: Pod = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "mig-demo"}, "spec": {
+            "schedulerName": "lj-runtimekit-scheduler", "runtimeClassName": "lj-runtime",
+            "containers": [{"name": "app", "image": "busybox", "resources": {"limits": {"aliyun.com/gpu-slice": "3", "aliyun.com/gpu-memory": "4"}}}]}}))?;
+        ctx.api::<Pod>().create(&PostParams::default(), &mig).await?;
+        let slice = ctx
+            .wait_for("the operator's slice to be Ready", Duration::from_secs(60), || async {
+                let slices = ctx.api::<GpuSlice>().list(&ListParams::default()).await?.items;
+                Ok(slices.into_iter().find(|s| {
+                    s.spec.pod.name == "mig-demo"
+                        && s.status.as_ref().and_then(|st| st.phase) == Some(SlicePhase::Ready)
+                }))
+            })
+            .await?;
+        let start = slice.spec.mig_placement_start.context("start")?;
+        ensure!(matches!(start, 0 | 4), "a legal 3g start: {start}");
+        let gi = slice.status.as_ref().and_then(|s| s.mig_instance.as_ref()).context("instance")?.gpu_instance_id;
+        let card = slice.spec.card.as_ref().context("card")?.index;
+        node.wait_group(&ctx, "the instance reported", |g| {
+            g.status.as_ref()?.cards.get(card as usize)?.mig_instances.iter()
+                .any(|i| i.gpu_instance_id == gi && i.placement_start == start)
+                .then_some(())
+        })
+        .await?;
+        delete_pod(&ctx, "mig-demo").await?;
+        wait_gone(&ctx, &slice.name_any()).await?;
+        ensure!(node.instances().await?.is_empty(), "destroyed with the pod");
+        Ok(())
+    }
+    .await;
+    let _ = stop.send(());
+    let stopped = tokio::time::timeout(Duration::from_secs(20), operator).await;
+    outcome?;
+    stopped.context("the operator did not stop")???;
+    Ok(())
+}

@@ -1,0 +1,232 @@
+//! Wires the agent's tasks together and runs them until a signal.
+
+use crate::deviceplugin::DevicePlugins;
+use crate::enactor::Enactor;
+use crate::layer::{InventoryRefresher, Layer, LayerError, Source, watch_health};
+use crate::model::NodeState;
+use crate::podresources;
+use crate::reporter::Reporter;
+use crate::resources::{advertised, summary};
+use kube::Client;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::events::{Recorder, Reporter as EventReporter};
+use runtimekit_contract::RuntimeKitConfig;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use thiserror::Error;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+
+/// The controller name the agent's Events carry.
+pub const EVENT_CONTROLLER: &str = "runtimekit-node-agent";
+/// How often the kubelet's pod resources are read.
+const POD_RESOURCES_INTERVAL: Duration = Duration::from_secs(2);
+
+/// How the agent runs.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// This node.
+    pub node_name: String,
+    /// A kubeconfig; the in-cluster configuration without one.
+    pub kubeconfig: Option<PathBuf>,
+    /// The shared configuration.
+    pub config: RuntimeKitConfig,
+    /// Where the resource layer is.
+    pub layer: Source,
+    /// How long to wait at start for the resource layer's socket to appear.
+    pub layer_wait: Duration,
+    /// The kubelet's device-plugin folder.
+    pub kubelet_dir: PathBuf,
+    /// The kubelet's pod-resources socket.
+    pub pod_resources_socket: PathBuf,
+    /// How often the TopologyGroup heartbeat is written.
+    pub heartbeat: Duration,
+    /// How often everything is looked at without a change.
+    pub resync: Duration,
+    /// Whether the device plugin is served.
+    pub device_plugin: bool,
+}
+
+/// Why the agent stopped.
+#[derive(Debug, Error)]
+pub enum AgentError {
+    /// The resource layer cannot be used.
+    #[error(transparent)]
+    Layer(#[from] LayerError),
+    /// No client for the apiserver.
+    #[error("cannot build the Kubernetes client: {0}")]
+    Kube(String),
+    /// A task ended, which none should.
+    #[error("the {0} task ended unexpectedly")]
+    TaskEnded(&'static str),
+}
+
+async fn client(kubeconfig: Option<&Path>) -> Result<Client, AgentError> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let file = Kubeconfig::read_from(path)
+                .map_err(|e| AgentError::Kube(format!("reading {}: {e}", path.display())))?;
+            kube::Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
+                .await
+                .map_err(|e| AgentError::Kube(format!("{}: {e}", path.display())))?
+        }
+        None => kube::Config::incluster().map_err(|e| {
+            AgentError::Kube(format!(
+                "no --kubeconfig and not running in a cluster ({e})"
+            ))
+        })?,
+    };
+    Client::try_from(config).map_err(|e| AgentError::Kube(e.to_string()))
+}
+
+async fn signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+fn spawn(
+    tasks: &mut JoinSet<&'static str>,
+    name: &'static str,
+    task: impl Future<Output = ()> + Send + 'static,
+) {
+    tasks.spawn(async move {
+        task.await;
+        name
+    });
+}
+
+/// Runs the agent until SIGTERM or SIGINT.
+pub async fn run(options: Options) -> Result<(), AgentError> {
+    let layer = Layer::open(&options.layer, options.layer_wait).await?;
+    tracing::info!(
+        socket = %layer.socket.display(),
+        backend = ?layer.info.backend(),
+        profile = %layer.info.profile,
+        cards = layer.info.device_count,
+        "reached the resource layer"
+    );
+    let client = client(options.kubeconfig.as_deref()).await?;
+    let node = options.node_name.clone();
+    let (state, state_rx) = watch::channel(NodeState::default());
+    let inventory =
+        InventoryRefresher::new(layer.client.clone(), state.clone(), layer.info.device_count);
+    let (transitions, transitions_rx) = mpsc::channel(256);
+    let recorder = Recorder::new(
+        client.clone(),
+        EventReporter {
+            controller: EVENT_CONTROLLER.into(),
+            instance: Some(node.clone()),
+        },
+    );
+    let resources = advertised(&options.config);
+    let mut tasks = JoinSet::new();
+    spawn(
+        &mut tasks,
+        "inventory",
+        inventory.clone().run(options.resync),
+    );
+    spawn(
+        &mut tasks,
+        "health",
+        watch_health(
+            layer.client.clone(),
+            state.clone(),
+            transitions,
+            inventory.clone(),
+        ),
+    );
+    spawn(
+        &mut tasks,
+        "enactor",
+        Enactor {
+            client: client.clone(),
+            node: node.clone(),
+            layer: layer.client.clone(),
+            state: state.clone(),
+            inventory: inventory.clone(),
+            recorder: recorder.clone(),
+            resync: options.resync,
+        }
+        .run(),
+    );
+    spawn(
+        &mut tasks,
+        "reporter",
+        Reporter {
+            client: client.clone(),
+            node: node.clone(),
+            config: options.config.clone(),
+            state: state_rx.clone(),
+            transitions: transitions_rx,
+            recorder,
+            heartbeat: options.heartbeat,
+        }
+        .run(),
+    );
+    if options.device_plugin {
+        let whole: Vec<String> = resources
+            .iter()
+            .filter(|r| r.kind.whole())
+            .map(|r| r.name.clone())
+            .collect();
+        spawn(
+            &mut tasks,
+            "pod-resources",
+            podresources::poll(
+                options.pod_resources_socket.clone(),
+                state.clone(),
+                whole,
+                POD_RESOURCES_INTERVAL,
+            ),
+        );
+        spawn(
+            &mut tasks,
+            "device-plugin",
+            DevicePlugins {
+                dir: options.kubelet_dir.clone(),
+                resources: resources.clone(),
+                state: state_rx.clone(),
+                pod_resources: Some(options.pod_resources_socket.clone()),
+            }
+            .run(),
+        );
+    }
+    let config = options.config.clone();
+    let mut first = state_rx.clone();
+    tokio::spawn(async move {
+        if let Ok(state) = first.wait_for(|s| s.inventory.is_some()).await {
+            for (resource, (capacity, allocatable)) in summary(&config, &state) {
+                tracing::info!(%resource, capacity, allocatable, "advertising");
+            }
+        }
+    });
+    let outcome = tokio::select! {
+        () = signal() => {
+            tracing::info!("stopping");
+            Ok(())
+        }
+        ended = tasks.join_next() => match ended {
+            Some(Ok(name)) => Err(AgentError::TaskEnded(name)),
+            Some(Err(join)) => {
+                tracing::error!(%join, "a task failed");
+                Err(AgentError::TaskEnded("agent"))
+            }
+            None => Ok(()),
+        },
+    };
+    tasks.abort_all();
+    while tasks.join_next().await.is_some() {}
+    layer.close().await;
+    outcome
+}

@@ -1,0 +1,198 @@
+//! The command line of `runtimekit-node-agent`.
+
+use crate::agent::Options;
+use crate::layer::Source;
+use crate::util::parse_duration;
+use clap::{Parser, ValueEnum};
+use runtimekit_contract::RuntimeKitConfig;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The node agent of the GPU runtime kit: reports the node's cards in its TopologyGroup,
+/// enacts the GpuSlices bound to the node, watches card health, and serves the kubelet device
+/// plugin. It reaches the hardware only through the resource layer's socket.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "runtimekit-node-agent", version)]
+pub struct Cli {
+    /// This node's name.
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: String,
+
+    /// A kubeconfig file; without one, the in-cluster configuration (the pod's
+    /// ServiceAccount token).
+    #[arg(long, env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// The shared configuration (a RuntimeKitConfig YAML, the `config.yaml` of the
+    /// `runtimekit-config` ConfigMap); the defaults when absent.
+    #[arg(long, env = "RUNTIMEKIT_CONFIG")]
+    pub config: Option<PathBuf>,
+
+    /// The resource layer's unix socket.
+    #[arg(
+        long,
+        env = "RUNTIMEKIT_RESOURCE_SOCKET",
+        default_value = "/run/runtimekit/resource-layer.sock"
+    )]
+    pub resource_layer_socket: PathBuf,
+
+    /// How long to wait at start for the resource layer's socket to appear (for example 30s).
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub resource_layer_wait: Duration,
+
+    /// Instead of --resource-layer-socket, start a simulated resource layer with this hardware
+    /// profile (a shipped name such as h800-8, or a profile file) on a socket under --state-dir,
+    /// keeping its instances in a state file there across restarts.
+    #[arg(long, value_name = "PROFILE")]
+    pub simulate: Option<String>,
+
+    /// Where the agent keeps its files.
+    #[arg(long, default_value = "/var/lib/runtimekit/node-agent")]
+    pub state_dir: PathBuf,
+
+    /// The kubelet's device-plugin folder (holding kubelet.sock).
+    #[arg(long, default_value = "/var/lib/kubelet/device-plugins")]
+    pub kubelet_dir: PathBuf,
+
+    /// The kubelet's pod-resources socket, read to know which cards it gave whole to pods.
+    #[arg(long, default_value = "/var/lib/kubelet/pod-resources/kubelet.sock")]
+    pub pod_resources_socket: PathBuf,
+
+    /// How often the TopologyGroup's heartbeat is written (for example 15s).
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    pub heartbeat_interval: Duration,
+
+    /// How often the cards are listed and every slice is looked at without a change.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub resync_interval: Duration,
+
+    /// Do not serve the kubelet device plugin.
+    #[arg(long)]
+    pub no_device_plugin: bool,
+
+    /// How log lines are written.
+    #[arg(long, value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+}
+
+/// How log lines are written.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// A DNS subdomain, as node names are.
+fn valid_node_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
+}
+
+impl Cli {
+    /// The agent's options, with the configuration file read and every value checked.
+    pub fn options(&self) -> Result<Options, String> {
+        if !valid_node_name(&self.node_name) {
+            return Err(format!(
+                "--node-name {:?} is not a node name (a lowercase DNS subdomain)",
+                self.node_name
+            ));
+        }
+        let config = match &self.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| format!("cannot read --config {}: {e}", path.display()))?;
+                let config: RuntimeKitConfig = serde_yaml::from_str(&text).map_err(|e| {
+                    format!("--config {} is not a RuntimeKitConfig: {e}", path.display())
+                })?;
+                config
+                    .validate()
+                    .map_err(|e| format!("--config {}: {e}", path.display()))?;
+                config
+            }
+            None => RuntimeKitConfig::default(),
+        };
+        let layer = match &self.simulate {
+            Some(profile) => Source::Simulate {
+                profile: profile.clone(),
+                state_dir: self.state_dir.clone(),
+                node_name: self.node_name.clone(),
+            },
+            None => Source::Socket(self.resource_layer_socket.clone()),
+        };
+        Ok(Options {
+            node_name: self.node_name.clone(),
+            kubeconfig: self.kubeconfig.clone(),
+            config,
+            layer,
+            layer_wait: self.resource_layer_wait,
+            kubelet_dir: self.kubelet_dir.clone(),
+            pod_resources_socket: self.pod_resources_socket.clone(),
+            heartbeat: self.heartbeat_interval,
+            resync: self.resync_interval,
+            device_plugin: !self.no_device_plugin,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("runtimekit-node-agent").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn simulate_replaces_the_socket() {
+        let cli = parse(&[
+            "--node-name",
+            "n1",
+            "--simulate",
+            "h800-8",
+            "--state-dir",
+            "/tmp/x",
+        ])
+        .expect("parses");
+        let options = cli.options().expect("valid");
+        assert_eq!(
+            options.layer,
+            Source::Simulate {
+                profile: "h800-8".into(),
+                state_dir: "/tmp/x".into(),
+                node_name: "n1".into()
+            }
+        );
+        assert_eq!(options.heartbeat, Duration::from_secs(15));
+        assert!(options.device_plugin);
+    }
+
+    #[test]
+    fn bad_values_are_refused_with_a_message() {
+        let cli = parse(&["--node-name", "Node_1"]).expect("parses");
+        assert!(
+            cli.options()
+                .expect_err("invalid")
+                .contains("not a node name")
+        );
+        let error = parse(&["--node-name", "n1", "--heartbeat-interval", "soon"])
+            .expect_err("bad duration");
+        assert!(error.to_string().contains("is not a duration"), "{error}");
+        let cli =
+            parse(&["--node-name", "n1", "--config", "/nonexistent/config.yaml"]).expect("parses");
+        assert!(
+            cli.options()
+                .expect_err("missing")
+                .contains("cannot read --config")
+        );
+    }
+}
