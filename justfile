@@ -53,3 +53,12 @@ check-pod +paths:
 # Build the pinned control-plane binaries (etcd, kube-*, JobSet, kwok) into the cache.
 build-tools:
     e2e/scripts/build-tools.sh
+
+# Placement engine benchmark: decisions/s while 500 and 5,000 nodes fill, gangs, memory per card (table, then JSON).
+bench-engine:
+    cargo bench --locked -p runtimekit-placement --bench engine
+
+# Scheduler benchmark against kube-scheduler on a real control plane with 1,000 kwok nodes (table, then JSON).
+bench-scheduler:
+    cargo build --quiet --locked --release -p runtimekit-operator -p runtimekit-e2e --bin runtimekit-operator --bin bench-scheduler
+    target/release/bench-scheduler

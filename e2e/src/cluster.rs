@@ -329,6 +329,14 @@ impl Cluster {
         command
     }
 
+    /// The PID of a component, if it was started.
+    pub fn pid(&self, component: &str) -> Option<i32> {
+        self.components
+            .iter()
+            .find(|c| c.name == component)
+            .map(|c| c.pid)
+    }
+
     /// The log file of a component, if it was started.
     pub fn log(&self, component: &str) -> Option<&Path> {
         self.components

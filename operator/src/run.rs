@@ -124,15 +124,30 @@ fn spawn_watchers(tasks: &mut JoinSet<Result<()>>, client: &Client, shared: &Arc
     let config = watcher::Config::default().any_semantic();
     let (c, s) = (client.clone(), Arc::clone(shared));
     let cfg = config.clone();
-    tasks.spawn(async move { Ok(mirror(Api::<Pod>::all(c), cfg, s).await) });
+    tasks.spawn(async move {
+        mirror(Api::<Pod>::all(c), cfg, s).await;
+        Ok(())
+    });
     let (c, s, cfg) = (client.clone(), Arc::clone(shared), config.clone());
-    tasks.spawn(async move { Ok(mirror(Api::<Node>::all(c), cfg, s).await) });
+    tasks.spawn(async move {
+        mirror(Api::<Node>::all(c), cfg, s).await;
+        Ok(())
+    });
     let (c, s, cfg) = (client.clone(), Arc::clone(shared), config.clone());
-    tasks.spawn(async move { Ok(mirror(Api::<GpuSlice>::all(c), cfg, s).await) });
+    tasks.spawn(async move {
+        mirror(Api::<GpuSlice>::all(c), cfg, s).await;
+        Ok(())
+    });
     let (c, s, cfg) = (client.clone(), Arc::clone(shared), config.clone());
-    tasks.spawn(async move { Ok(mirror(Api::<TopologyGroup>::all(c), cfg, s).await) });
+    tasks.spawn(async move {
+        mirror(Api::<TopologyGroup>::all(c), cfg, s).await;
+        Ok(())
+    });
     let (c, s) = (client.clone(), Arc::clone(shared));
-    tasks.spawn(async move { Ok(mirror(Api::<GangGroup>::all(c), config, s).await) });
+    tasks.spawn(async move {
+        mirror(Api::<GangGroup>::all(c), config, s).await;
+        Ok(())
+    });
 }
 
 /// Starts the scheduler and controllers once every kind has been listed, so the first decision
@@ -150,13 +165,25 @@ async fn start_leading(
     tracing::info!("leading: state rebuilt from the API; scheduling");
     let reports = Reports::new(client.clone(), &config.scheduler_name, &options.identity);
     let (s, c, r) = (Arc::clone(shared), client.clone(), reports.clone());
-    tasks.spawn(async move { Ok(scheduler::run(s, c, r).await) });
+    tasks.spawn(async move {
+        scheduler::run(s, c, r).await;
+        Ok(())
+    });
     let (s, c) = (Arc::clone(shared), client.clone());
-    tasks.spawn(async move { Ok(slices::run(s, c).await) });
+    tasks.spawn(async move {
+        slices::run(s, c).await;
+        Ok(())
+    });
     let (s, c, r) = (Arc::clone(shared), client.clone(), reports);
-    tasks.spawn(async move { Ok(gangs::run(s, c, r).await) });
+    tasks.spawn(async move {
+        gangs::run(s, c, r).await;
+        Ok(())
+    });
     let (s, c) = (Arc::clone(shared), client.clone());
-    tasks.spawn(async move { Ok(topology_sync::run(s, c).await) });
+    tasks.spawn(async move {
+        topology_sync::run(s, c).await;
+        Ok(())
+    });
 }
 
 async fn shutdown_signal() {

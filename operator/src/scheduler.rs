@@ -42,7 +42,7 @@ pub async fn run(shared: Arc<Shared>, client: Client, reports: Reports) {
             shared
                 .metrics
                 .queue_depth
-                .set(i64::try_from(state.pending().len()).unwrap_or(i64::MAX));
+                .set(i64::try_from(state.pending_count()).unwrap_or(i64::MAX));
             (batch, state.next_retry())
         };
         for uid in batch {
@@ -58,8 +58,7 @@ pub async fn run(shared: Arc<Shared>, client: Client, reports: Reports) {
                     let (shared, client, reports) =
                         (Arc::clone(&shared), client.clone(), reports.clone());
                     tokio::spawn(async move {
-                        bind(&shared, &client, &reports, *binding).await;
-                        drop(permit);
+                        bind(&shared, &client, &reports, *binding, permit).await;
                     });
                 }
                 Outcome::Unschedulable { message, changed } => {
@@ -204,7 +203,7 @@ pub fn slices_and_allocation(pod: &Pod, decision: &Decision) -> (Vec<GpuSlice>, 
 }
 
 /// Writes one decision: the slices (in parallel), then the Binding.
-async fn bind(shared: &Shared, client: &Client, reports: &Reports, binding: Binding) {
+async fn bind<P>(shared: &Shared, client: &Client, reports: &Reports, binding: Binding, permit: P) {
     let Binding {
         pod,
         decision,
@@ -214,6 +213,8 @@ async fn bind(shared: &Shared, client: &Client, reports: &Reports, binding: Bind
     let uid = decision.pod_uid.clone();
     let started = Instant::now();
     let result = write_binding(client, &pod, &decision, &annotation).await;
+    // The writes are done: let the next binding start while the Events are published.
+    drop(permit);
     shared
         .metrics
         .binding_seconds

@@ -105,7 +105,7 @@ pub struct State {
     tree_dirty: bool,
     work: Work,
     /// Pods of our scheduler waiting to be placed, by UID.
-    pending: BTreeSet<String>,
+    pending: BTreeSet<(Option<Timestamp>, String)>,
     /// Whether the first list of pods is complete (before it, a slice without a known pod is
     /// not an orphan yet).
     synced_pods: bool,
@@ -127,6 +127,8 @@ struct NodeGroup {
     parent: Option<String>,
     capacity: runtimekit_crds::TopologyCapacity,
     stale_reported: bool,
+    /// A hash of the cards and NICs last given to the engine.
+    devices: u64,
 }
 
 /// What the TopologyGroup controller must write.
@@ -175,15 +177,16 @@ impl State {
         std::mem::take(&mut self.work)
     }
 
-    /// The pods waiting to be placed, oldest first.
-    pub fn pending(&self) -> Vec<&PodRecord> {
-        let mut pending: Vec<&PodRecord> = self
-            .pending
+    /// The pods waiting to be placed, oldest first (kept in order, so no pass sorts them).
+    pub fn pending(&self) -> impl Iterator<Item = &PodRecord> {
+        self.pending
             .iter()
-            .filter_map(|uid| self.pods.get(uid))
-            .collect();
-        pending.sort_by(|a, b| a.created.cmp(&b.created).then_with(|| a.uid.cmp(&b.uid)));
-        pending
+            .filter_map(|(_, uid)| self.pods.get(uid))
+    }
+
+    /// How many pods wait to be placed.
+    pub fn pending_count(&self) -> usize {
+        self.pending.len()
     }
 
     /// One pod, by UID.
@@ -255,10 +258,14 @@ impl State {
                 self.engine.remove_pod_usage(&uid);
             }
         }
+        let queue_key = (
+            pod.metadata.creation_timestamp.as_ref().map(|t| t.0),
+            uid.clone(),
+        );
         if pending.is_some() {
-            self.pending.insert(uid.clone());
+            self.pending.insert(queue_key);
         } else {
-            self.pending.remove(&uid);
+            self.pending.remove(&queue_key);
         }
         if ended {
             self.release_slices_of(&uid, node.is_some());
@@ -325,13 +332,14 @@ impl State {
             p.gang
                 .as_ref()
                 .map(|g| (p.namespace.clone(), g.name.clone()))
-        }) {
-            if let Some(members) = self.gang_pods.get_mut(&gang) {
-                members.remove(uid);
-            }
+        }) && let Some(members) = self.gang_pods.get_mut(&gang)
+        {
+            members.remove(uid);
         }
-        let bound = removed.is_none_or(|p| p.node.is_some());
-        self.pending.remove(uid);
+        let bound = removed.as_ref().is_none_or(|p| p.node.is_some());
+        if let Some(record) = &removed {
+            self.pending.remove(&(record.created, uid.to_owned()));
+        }
         self.attempts.remove(uid);
         self.engine.remove_pod_usage(uid);
         self.release_slices_of(uid, bound);
@@ -442,28 +450,23 @@ impl State {
 
     /// Applies a node.
     pub fn apply_node(&mut self, node: &Node) {
-        let keys = placement::TopologyKeys {
-            hyper_node: self.config.topology_labels.hyper_node.clone(),
-            leaf_switch: self.config.topology_labels.leaf_switch.clone(),
-            network_pod: self.config.topology_labels.network_pod.clone(),
-        };
-        let mut info = match placement::NodeInfo::from_node(node, &self.names, &keys) {
-            Ok(info) => info,
-            Err(error) => {
-                tracing::warn!(%error, "node cannot be read; it is not offered");
-                return;
-            }
-        };
+        let mut info =
+            match placement::NodeInfo::from_node(node, &self.names, &self.config.topology_labels) {
+                Ok(info) => info,
+                Err(error) => {
+                    tracing::warn!(%error, "node cannot be read; it is not offered");
+                    return;
+                }
+            };
         let name = info.name.clone();
+        info.position =
+            network_position(&self.tree.positions.get(&name).cloned().unwrap_or_default());
         let labels_changed = self
             .nodes
             .get(&name)
             .is_none_or(|old| old.labels != info.labels);
         if labels_changed {
             self.tree_dirty = true;
-        }
-        if let Some(position) = self.tree.positions.get(&name) {
-            info.position = network_position(position);
         }
         self.engine.upsert_node(info.clone());
         self.nodes.insert(name, info);
@@ -507,7 +510,15 @@ impl State {
                 .iter()
                 .map(placement::NicInfo::from_status)
                 .collect();
-            self.engine.set_devices(&node, &cards, &nics);
+            // Heartbeats rewrite the status every few seconds; the devices rarely change.
+            let devices = devices_hash(&status.cards, &status.nics);
+            if self
+                .node_groups
+                .get(&name)
+                .is_none_or(|g| g.devices != devices)
+            {
+                self.engine.set_devices(&node, &cards, &nics);
+            }
             let heartbeat = status.heartbeat_time.map(|t| t.0);
             self.engine
                 .set_agent_reporting(&node, fresh(heartbeat, now));
@@ -524,6 +535,7 @@ impl State {
                     parent: group.spec.parent.clone(),
                     capacity,
                     stale_reported,
+                    devices,
                 },
             );
             return;
@@ -671,11 +683,7 @@ impl State {
             &self.config.topology_labels,
         );
         for (name, info) in &mut self.nodes {
-            let position = tree
-                .positions
-                .get(name)
-                .map(network_position)
-                .unwrap_or_default();
+            let position = network_position(&tree.positions.get(name).cloned().unwrap_or_default());
             if info.position != position {
                 info.position = position;
                 self.engine.upsert_node(info.clone());
@@ -702,16 +710,34 @@ impl State {
     }
 }
 
+fn devices_hash(cards: &[runtimekit_crds::CardStatus], nics: &[runtimekit_crds::NicStatus]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    serde_json::to_string(&(cards, nics))
+        .unwrap_or_default()
+        .hash(&mut hasher);
+    hasher.finish()
+}
+
 fn fresh(heartbeat: Option<Timestamp>, now: Timestamp) -> bool {
     let stale_after = i64::try_from(AGENT_STALE_AFTER.as_secs()).unwrap_or(i64::MAX);
     heartbeat.is_some_and(|t| now.as_second().saturating_sub(t.as_second()) <= stale_after)
 }
 
+/// The network pod of nodes that name none: without topology labels the whole cluster is one
+/// domain, so gangs can still span nodes.
+pub const IMPLICIT_NETWORK_POD: &str = "cluster";
+
 fn network_position(position: &Position) -> placement::NetworkPosition {
     placement::NetworkPosition {
         hyper_node: position.hyper_node.clone(),
         leaf_switch: position.leaf_switch.clone(),
-        network_pod: position.network_pod.clone(),
+        network_pod: Some(
+            position
+                .network_pod
+                .clone()
+                .unwrap_or_else(|| IMPLICIT_NETWORK_POD.into()),
+        ),
     }
 }
 
@@ -795,7 +821,6 @@ impl State {
     /// Pending pods (not in flight, not gang members) whose backoff has passed, oldest first.
     pub fn ready(&self, now: std::time::Instant, limit: usize) -> Vec<String> {
         self.pending()
-            .into_iter()
             .filter(|p| !self.in_flight.contains_key(&p.uid))
             .filter(|p| {
                 !p.pending
@@ -812,7 +837,7 @@ impl State {
     pub fn next_retry(&self) -> Option<std::time::Instant> {
         self.attempts
             .iter()
-            .filter(|(uid, _)| self.pending.contains(*uid))
+            .filter(|(uid, _)| self.pods.get(*uid).is_some_and(|p| p.pending.is_some()))
             .map(|(_, a)| a.next)
             .min()
     }
@@ -1004,7 +1029,7 @@ impl State {
             inputs.push(input);
         }
         let mut constraint = placement::GangConstraint::new(State::gang_key(namespace, name));
-        constraint.highest_tier = engine_tier(highest_tier);
+        constraint.highest_tier = highest_tier;
         let decision = self
             .engine
             .decide_gang(&inputs, &constraint)
@@ -1073,13 +1098,12 @@ fn resumed_decision(
                 locality: None,
             }),
         }
-        if !slice.nics.is_empty() {
-            if let Some(c) = containers
+        if !slice.nics.is_empty()
+            && let Some(c) = containers
                 .iter_mut()
                 .find(|c| c.container == card.container)
-            {
-                c.nics = slice.nics.clone();
-            }
+        {
+            c.nics = slice.nics.clone();
         }
     }
     for c in &mut containers {
@@ -1092,13 +1116,4 @@ fn resumed_decision(
         resources: input.resources.clone(),
         gang: input.gang.clone(),
     })
-}
-
-fn engine_tier(tier: Tier) -> placement::Tier {
-    match tier {
-        Tier::Node => placement::Tier::Node,
-        Tier::HyperNode => placement::Tier::HyperNode,
-        Tier::LeafSwitch => placement::Tier::LeafSwitch,
-        Tier::NetworkPod => placement::Tier::NetworkPod,
-    }
 }

@@ -3,6 +3,7 @@
 //! a test fails or the run is interrupted.
 
 mod control_plane;
+mod node_agent;
 mod operator;
 
 use libtest_mimic::Arguments;
@@ -12,7 +13,7 @@ use std::process::ExitCode;
 
 /// Every test of the suite.
 fn tests() -> Vec<Test> {
-    [control_plane::TESTS, operator::TESTS].concat()
+    [control_plane::TESTS, operator::TESTS, node_agent::TESTS].concat()
 }
 
 fn main() -> ExitCode {

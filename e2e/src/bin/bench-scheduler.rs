@@ -1,0 +1,551 @@
+//! `just bench-scheduler`: scheduling throughput and latency of lj-runtimekit-scheduler against
+//! upstream kube-scheduler, in the same run, on a real control plane with 1,000 kwok nodes of 8
+//! cards. Prints a table and, as its last line, one JSON object.
+//!
+//! Runs: 5,000 whole-card pods (`nvidia.com/gpu: 1`) created as fast as the apiserver takes
+//! them, for kube-scheduler and then for ours; the same with time-division shares (ours only);
+//! a steady 100 pods/s for the p99 create-to-bound latency; and the raw Binding ceiling of this
+//! apiserver. Both schedulers are unthrottled on the client side (kube-scheduler's QPS is raised
+//! to 5,000, ours has no limiter). Memory is each process's peak RSS.
+
+use anyhow::{Context, Result, bail};
+use futures::{StreamExt, TryStreamExt, stream};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use kube::{Client, ResourceExt};
+use runtimekit_crds::{GpuSlice, TopologyGroup};
+use runtimekit_e2e::cluster::{Cluster, ClusterOptions};
+use serde_json::json;
+use std::collections::HashMap;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const NODES: usize = 1000;
+const CARDS: u32 = 8;
+const PODS: usize = 5000;
+const STEADY_RATE: u64 = 100;
+const STEADY_SECONDS: u64 = 20;
+const CONCURRENCY: usize = 64;
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let dir = std::env::temp_dir().join(format!("runtimekit-bench-{}", std::process::id()));
+    eprintln!("starting the control plane in {}", dir.display());
+    let cluster = Cluster::start(ClusterOptions {
+        dir: dir.clone(),
+        detached: false,
+        kube_scheduler: true,
+    })
+    .await?;
+    let result = bench(&cluster).await;
+    drop(cluster);
+    if result.is_ok() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    result
+}
+
+async fn bench(cluster: &Cluster) -> Result<()> {
+    let client = cluster.client().await?;
+    let runtime_class = runtimekit_e2e::tools::repo_root().join("config/runtime/runtimeclass.yaml");
+    let status = cluster
+        .kubectl()
+        .args(["apply", "-f"])
+        .arg(runtime_class)
+        .stdout(Stdio::null())
+        .status()?;
+    if !status.success() {
+        bail!("installing the RuntimeClass failed");
+    }
+    eprintln!("creating {NODES} nodes of {CARDS} cards");
+    create_nodes(&client).await?;
+    let heartbeats = tokio::spawn(heartbeat(client.clone()));
+    let mut operator = start_operator(cluster)?;
+    wait_operator_ready(&client).await?;
+
+    let whole = json!({"nvidia.com/gpu": "1"});
+    let kube = burst(&client, "bench-kube", "default-scheduler", &whole, PODS).await?;
+    cleanup(&client, "bench-kube").await?;
+    let ours = burst(
+        &client,
+        "bench-ours",
+        "lj-runtimekit-scheduler",
+        &whole,
+        PODS,
+    )
+    .await?;
+    cleanup(&client, "bench-ours").await?;
+    let tdm = burst(
+        &client,
+        "bench-tdm",
+        "lj-runtimekit-scheduler",
+        &json!({"aliyun.com/gpu-core": "25", "aliyun.com/gpu-memory": "4"}),
+        PODS,
+    )
+    .await?;
+    cleanup(&client, "bench-tdm").await?;
+    let steady = steady(&client, "bench-steady").await?;
+    cleanup(&client, "bench-steady").await?;
+    let ceiling = binding_ceiling(&client, "bench-binding", 3000).await?;
+    cleanup(&client, "bench-binding").await?;
+
+    let ours_rss = peak_rss_mib(i32::try_from(operator.id())?)?;
+    let kube_rss = peak_rss_mib(
+        cluster
+            .pid("kube-scheduler")
+            .context("kube-scheduler pid")?,
+    )?;
+    heartbeats.abort();
+    let _ = operator.kill();
+    let _ = operator.wait();
+
+    println!(
+        "\nscheduler benchmark: {NODES} kwok nodes x {CARDS} cards, {PODS} pods per burst, 2 cores shared with the control plane\n"
+    );
+    println!("| run | pods | pods/s | p50 create-to-bound ms | p99 create-to-bound ms |");
+    println!("| --- | --- | --- | --- | --- |");
+    for (name, run) in [
+        ("kube-scheduler, nvidia.com/gpu: 1", &kube),
+        ("ours, nvidia.com/gpu: 1", &ours),
+        ("ours, gpu-core 25 + gpu-memory 4", &tdm),
+        (&*format!("ours, steady {STEADY_RATE}/s"), &steady),
+    ] {
+        println!(
+            "| {name} | {} | {:.0} | {:.0} | {:.0} |",
+            run.pods, run.pods_per_sec, run.p50_ms, run.p99_ms
+        );
+    }
+    println!(
+        "| Binding ceiling (tight loop, {CONCURRENCY} in flight) | {} | {:.0} | | |",
+        ceiling.pods, ceiling.pods_per_sec
+    );
+    println!(
+        "\n| process | peak RSS MiB |\n| --- | --- |\n| ours | {ours_rss:.1} |\n| kube-scheduler | {kube_rss:.1} |\n"
+    );
+    let report = json!({
+        "ours_pods_per_sec": round(ours.pods_per_sec),
+        "kube_scheduler_pods_per_sec": round(kube.pods_per_sec),
+        "ratio": round2(ours.pods_per_sec / kube.pods_per_sec),
+        "binding_ceiling_pods_per_sec": round(ceiling.pods_per_sec),
+        "p99_create_to_bound_ms": round(steady.p99_ms),
+        "ours_rss_mib": round2(ours_rss),
+        "kube_scheduler_rss_mib": round2(kube_rss),
+        "tdm_pods_per_sec": round(tdm.pods_per_sec),
+    });
+    println!("{report}");
+    Ok(())
+}
+
+fn round(x: f64) -> f64 {
+    x.round()
+}
+
+fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
+/// One measured run.
+#[derive(Debug, Default)]
+struct Run {
+    pods: usize,
+    pods_per_sec: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+}
+
+async fn create_nodes(client: &Client) -> Result<()> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let groups: Api<TopologyGroup> = Api::all(client.clone());
+    let params = PatchParams::apply("bench-agent").force();
+    stream::iter(0..NODES)
+        .map(|i| {
+            let (nodes, groups, params) = (nodes.clone(), groups.clone(), params.clone());
+            async move {
+                let name = format!("bench-{i:04}");
+                let node: Node = serde_json::from_value(json!({
+                    "apiVersion": "v1", "kind": "Node",
+                    "metadata": {"name": name, "labels": {"lj_runtimekit_enable": "true", "type": "kwok", "kubernetes.io/hostname": name},
+                                 "annotations": {runtimekit_e2e::harness::KWOK_ANNOTATION: "fake"}},
+                    "status": {"capacity": capacity(), "allocatable": capacity()},
+                }))?;
+                nodes.create(&PostParams::default(), &node).await?;
+                let group = json!({"apiVersion": "runtimekit.aliyun.com/v1alpha1", "kind": "TopologyGroup", "metadata": {"name": name}, "spec": {"tier": "Node", "nodeName": name}});
+                groups.patch(&name, &params, &Patch::Apply(&group)).await?;
+                let cards: Vec<serde_json::Value> = (0..CARDS)
+                    .map(|c| json!({"index": c, "uuid": format!("GPU-{name}-{c}"), "vendor": "Nvidia", "model": "NVIDIA H800", "memoryMib": 81920,
+                                    "migCapable": true, "health": "Healthy", "pcieSwitch": format!("sw{}", c / 2), "numaNode": c / 4, "socket": c / 4}))
+                    .collect();
+                let status = json!({"apiVersion": "runtimekit.aliyun.com/v1alpha1", "kind": "TopologyGroup", "status": {"cards": cards, "heartbeatTime": Time(Timestamp::now())}});
+                groups.patch_status(&name, &params, &Patch::Apply(&status)).await?;
+                Ok::<(), anyhow::Error>(())
+            }
+        })
+        .buffer_unordered(CONCURRENCY)
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok(())
+}
+
+/// Plays the node agents' heartbeat (every 20 s, as agents do), so their cards stay offered.
+async fn heartbeat(client: Client) {
+    let groups: Api<TopologyGroup> = Api::all(client);
+    // Its own field manager: applying only heartbeatTime as "bench-agent" would drop the cards
+    // that manager applied before.
+    let params = PatchParams::apply("bench-heartbeat").force();
+    loop {
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        stream::iter(0..NODES)
+            .map(|i| {
+                let (groups, params) = (groups.clone(), params.clone());
+                async move {
+                    let name = format!("bench-{i:04}");
+                    let status = json!({"apiVersion": "runtimekit.aliyun.com/v1alpha1", "kind": "TopologyGroup", "status": {"heartbeatTime": Time(Timestamp::now())}});
+                    let _ = groups.patch_status(&name, &params, &Patch::Apply(&status)).await;
+                }
+            })
+            .buffer_unordered(8)
+            .collect::<Vec<()>>()
+            .await;
+    }
+}
+
+fn capacity() -> serde_json::Value {
+    json!({"cpu": "128", "memory": "1Ti", "pods": "110", "nvidia.com/gpu": CARDS.to_string()})
+}
+
+fn start_operator(cluster: &Cluster) -> Result<Child> {
+    let exe = std::env::current_exe()?.with_file_name("runtimekit-operator");
+    if !exe.exists() {
+        bail!(
+            "{} is missing; build it with `cargo build --release -p runtimekit-operator`",
+            exe.display()
+        );
+    }
+    let log = std::fs::File::create(cluster.dir.join("logs/operator.log"))?;
+    let listen = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    Ok(Command::new(exe)
+        .args([
+            "run",
+            "--identity",
+            "bench",
+            "--namespace",
+            "default",
+            "--listen",
+            &listen.to_string(),
+        ])
+        .env("KUBECONFIG", &cluster.kubeconfig)
+        .env("RUST_LOG", "warn")
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()?)
+}
+
+/// Waits until the operator holds the Lease (it starts scheduling right after).
+async fn wait_operator_ready(client: &Client) -> Result<()> {
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client.clone(), "default");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        if let Some(lease) = leases.get_opt("lj-runtimekit-scheduler").await?
+            && lease.spec.and_then(|s| s.holder_identity).as_deref() == Some("bench")
+        {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    bail!("the operator did not take the lease")
+}
+
+fn pod(name: &str, scheduler: &str, limits: &serde_json::Value) -> Result<Pod> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {"schedulerName": scheduler, "runtimeClassName": "lj-runtime", "terminationGracePeriodSeconds": 0,
+                 "containers": [{"name": "app", "image": "busybox", "resources": {"limits": limits}}]}
+    }))?)
+}
+
+async fn namespace(client: &Client, name: &str) -> Result<()> {
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}}))?;
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await?;
+    Ok(())
+}
+
+/// Records when each pod of a namespace was first seen bound.
+fn watch_bound(
+    client: &Client,
+    ns: &str,
+) -> (
+    Arc<Mutex<HashMap<String, Instant>>>,
+    tokio::task::JoinHandle<()>,
+) {
+    let bound = Arc::new(Mutex::new(HashMap::new()));
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let seen = Arc::clone(&bound);
+    let task = tokio::spawn(async move {
+        let mut events = watcher(api, watcher::Config::default()).boxed();
+        while let Ok(Some(event)) = events.try_next().await {
+            if let watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) = event
+                && pod
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.node_name.as_ref())
+                    .is_some()
+                && let Ok(mut seen) = seen.lock()
+            {
+                seen.entry(pod.name_any()).or_insert_with(Instant::now);
+            }
+        }
+    });
+    (bound, task)
+}
+
+/// Creates `count` pods as fast as the apiserver takes them and measures until all are bound.
+async fn burst(
+    client: &Client,
+    ns: &str,
+    scheduler: &str,
+    limits: &serde_json::Value,
+    count: usize,
+) -> Result<Run> {
+    eprintln!("{ns}: {count} pods for {scheduler}");
+    namespace(client, ns).await?;
+    let (bound, watch) = watch_bound(client, ns);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let created = Arc::new(Mutex::new(HashMap::new()));
+    let start = Instant::now();
+    stream::iter(0..count)
+        .map(|i| {
+            let (api, created) = (api.clone(), Arc::clone(&created));
+            async move {
+                let name = format!("p-{i:05}");
+                api.create(&PostParams::default(), &pod(&name, scheduler, limits)?)
+                    .await?;
+                if let Ok(mut c) = created.lock() {
+                    c.insert(name, Instant::now());
+                }
+                Ok::<(), anyhow::Error>(())
+            }
+        })
+        .buffer_unordered(CONCURRENCY)
+        .try_collect::<Vec<()>>()
+        .await?;
+    let end = wait_all_bound(&bound, count, Duration::from_secs(600)).await?;
+    watch.abort();
+    let created = created.lock().map(|c| c.clone()).unwrap_or_default();
+    let bound = bound.lock().map(|b| b.clone()).unwrap_or_default();
+    let run = measure(count, start, end, &created, &bound);
+    eprintln!(
+        "{ns}: {:.0} pods/s, p99 {:.0} ms",
+        run.pods_per_sec, run.p99_ms
+    );
+    Ok(run)
+}
+
+async fn wait_all_bound(
+    bound: &Arc<Mutex<HashMap<String, Instant>>>,
+    count: usize,
+    timeout: Duration,
+) -> Result<Instant> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let (n, last) = bound
+            .lock()
+            .map(|b| (b.len(), b.values().max().copied()))
+            .unwrap_or((0, None));
+        if n >= count {
+            return last.context("no pod bound");
+        }
+        if Instant::now() > deadline {
+            bail!("only {n} of {count} pods were bound in {timeout:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn measure(
+    count: usize,
+    start: Instant,
+    end: Instant,
+    created: &HashMap<String, Instant>,
+    bound: &HashMap<String, Instant>,
+) -> Run {
+    let mut latencies: Vec<f64> = created
+        .iter()
+        .filter_map(|(name, c)| {
+            bound
+                .get(name)
+                .map(|b| b.saturating_duration_since(*c).as_secs_f64() * 1000.0)
+        })
+        .collect();
+    latencies.sort_by(f64::total_cmp);
+    let pct = |p: f64| {
+        latencies
+            .get(((latencies.len() as f64 - 1.0) * p).round() as usize)
+            .copied()
+            .unwrap_or(0.0)
+    };
+    Run {
+        pods: count,
+        pods_per_sec: count as f64 / end.duration_since(start).as_secs_f64(),
+        p50_ms: pct(0.5),
+        p99_ms: pct(0.99),
+    }
+}
+
+/// A steady stream of pods for ours, for the latency at a moderate rate.
+async fn steady(client: &Client, ns: &str) -> Result<Run> {
+    let count = (STEADY_RATE * STEADY_SECONDS) as usize;
+    eprintln!("{ns}: {count} pods at {STEADY_RATE}/s");
+    namespace(client, ns).await?;
+    let (bound, watch) = watch_bound(client, ns);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let created = Arc::new(Mutex::new(HashMap::new()));
+    let start = Instant::now();
+    let mut tick = tokio::time::interval(Duration::from_micros(1_000_000 / STEADY_RATE));
+    let mut tasks = Vec::with_capacity(count);
+    for i in 0..count {
+        tick.tick().await;
+        let (api, created) = (api.clone(), Arc::clone(&created));
+        tasks.push(tokio::spawn(async move {
+            let name = format!("s-{i:05}");
+            let issued = Instant::now();
+            api.create(
+                &PostParams::default(),
+                &pod(
+                    &name,
+                    "lj-runtimekit-scheduler",
+                    &json!({"nvidia.com/gpu": "1"}),
+                )?,
+            )
+            .await?;
+            if let Ok(mut c) = created.lock() {
+                c.insert(name, issued);
+            }
+            Ok::<(), anyhow::Error>(())
+        }));
+    }
+    for task in tasks {
+        task.await??;
+    }
+    let end = wait_all_bound(&bound, count, Duration::from_secs(120)).await?;
+    watch.abort();
+    let created = created.lock().map(|c| c.clone()).unwrap_or_default();
+    let bound = bound.lock().map(|b| b.clone()).unwrap_or_default();
+    Ok(measure(count, start, end, &created, &bound))
+}
+
+/// Bindings posted in a tight loop for pods no scheduler handles: what this apiserver can take.
+async fn binding_ceiling(client: &Client, ns: &str, count: usize) -> Result<Run> {
+    eprintln!("{ns}: {count} Bindings in a tight loop");
+    namespace(client, ns).await?;
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    stream::iter(0..count)
+        .map(|i| {
+            let api = api.clone();
+            async move {
+                api.create(
+                    &PostParams::default(),
+                    &pod(&format!("b-{i:05}"), "none", &json!({}))?,
+                )
+                .await
+                .map(|_| ())
+                .map_err(anyhow::Error::from)
+            }
+        })
+        .buffer_unordered(CONCURRENCY)
+        .try_collect::<Vec<()>>()
+        .await?;
+    let start = Instant::now();
+    stream::iter(0..count)
+        .map(|i| {
+            let api = api.clone();
+            async move {
+                let name = format!("b-{i:05}");
+                let node = format!("bench-{:04}", i % NODES);
+                let binding = json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name}, "target": {"kind": "Node", "name": node}});
+                let posted: serde_json::Value = api.create_subresource("binding", &name, &PostParams::default(), &binding).await?;
+                drop(posted);
+                Ok::<(), anyhow::Error>(())
+            }
+        })
+        .buffer_unordered(CONCURRENCY)
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok(Run {
+        pods: count,
+        pods_per_sec: count as f64 / start.elapsed().as_secs_f64(),
+        ..Run::default()
+    })
+}
+
+/// Deletes a run's namespace and plays the node agents' part: removes the finalizers of the
+/// released slices, so the cards are free for the next run.
+async fn cleanup(client: &Client, ns: &str) -> Result<()> {
+    Api::<Namespace>::all(client.clone())
+        .delete(ns, &DeleteParams::background())
+        .await?;
+    let slices: Api<GpuSlice> = Api::namespaced(client.clone(), ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let remaining_slices = slices.list(&ListParams::default()).await?.items;
+        stream::iter(
+            remaining_slices
+                .iter()
+                .filter(|s| s.metadata.deletion_timestamp.is_some()),
+        )
+        .map(|s| {
+            let slices = slices.clone();
+            async move {
+                let patch = json!({"metadata": {"finalizers": null}});
+                let _ = slices
+                    .patch(
+                        &s.name_any(),
+                        &PatchParams::default(),
+                        &Patch::Merge(&patch),
+                    )
+                    .await;
+            }
+        })
+        .buffer_unordered(CONCURRENCY)
+        .collect::<Vec<()>>()
+        .await;
+        let left = pods
+            .list(&ListParams::default().limit(1))
+            .await?
+            .items
+            .len()
+            + remaining_slices.len();
+        let gone = Api::<Namespace>::all(client.clone())
+            .get_opt(ns)
+            .await?
+            .is_none();
+        if gone || (left == 0 && Instant::now() > deadline) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("namespace {ns} was not removed in time");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+fn peak_rss_mib(pid: i32) -> Result<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .context("VmHWM")?;
+    Ok(kib / 1024.0)
+}
