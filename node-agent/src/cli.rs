@@ -58,8 +58,9 @@ pub struct Cli {
     #[arg(long, default_value = "/var/lib/kubelet/pod-resources/kubelet.sock")]
     pub pod_resources_socket: PathBuf,
 
-    /// How often the TopologyGroup's heartbeat is written (for example 15s).
-    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    /// How often the TopologyGroup's heartbeat is written (for example 30s); the operator
+    /// withholds the cards of a node whose heartbeat is older than 90 s.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub heartbeat_interval: Duration,
 
     /// How often the cards are listed and every slice is looked at without a change.
@@ -172,7 +173,7 @@ mod tests {
                 node_name: "n1".into()
             }
         );
-        assert_eq!(options.heartbeat, Duration::from_secs(15));
+        assert_eq!(options.heartbeat, Duration::from_secs(30));
         assert!(options.device_plugin);
     }
 

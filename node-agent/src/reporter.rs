@@ -22,6 +22,8 @@ use tokio::sync::{mpsc, watch};
 pub const TOPOLOGY_MANAGER: &str = "runtimekit-node-agent-topology";
 /// The field manager of the Node's status (node-level extended resources).
 pub const NODE_STATUS_MANAGER: &str = "runtimekit-node-agent-resources";
+/// How often the node-level resources are written even when unchanged.
+const NODE_RESOURCES_REFRESH: Duration = Duration::from_secs(600);
 
 fn now() -> Time {
     Time(k8s_openapi::jiff::Timestamp::now())
@@ -73,6 +75,7 @@ impl Reporter {
         let mut generation = None;
         let mut beat = tokio::time::Instant::now();
         let mut node_level_written: Option<BTreeMap<String, u64>> = None;
+        let mut node_resources_at = tokio::time::Instant::now();
         let mut node_ref: Option<ObjectReference> = None;
         loop {
             let state = self.state.borrow_and_update().clone();
@@ -94,7 +97,14 @@ impl Reporter {
                 let status = topology::status(&state, written.as_ref(), heartbeat, generation);
                 let changed = written.as_ref().map(comparable) != Some(comparable(&status));
                 if changed || due {
-                    match self.write_status(&groups, &status).await {
+                    // A beat with nothing else new is a small merge patch of the one field,
+                    // much cheaper for the apiserver than applying the whole status again.
+                    let write = if changed {
+                        self.write_status(&groups, &status).await
+                    } else {
+                        self.write_heartbeat(&groups, &status).await
+                    };
+                    match write {
                         Ok(()) => {
                             written = Some(status);
                             if due {
@@ -114,9 +124,14 @@ impl Reporter {
                 }
             }
             let resources = node_level(&self.config, &state);
-            if due || node_level_written.as_ref() != Some(&resources) {
+            // Rewritten now and then even unchanged: a restarting kubelet may zero them.
+            let refresh = node_resources_at.elapsed() > NODE_RESOURCES_REFRESH;
+            if refresh || node_level_written.as_ref() != Some(&resources) {
                 match self.write_node_resources(&nodes, &resources).await {
-                    Ok(()) => node_level_written = Some(resources),
+                    Ok(()) => {
+                        node_level_written = Some(resources);
+                        node_resources_at = tokio::time::Instant::now();
+                    }
                     Err(error) => tracing::warn!(%error, "cannot write the node's resources"),
                 }
             }
@@ -179,6 +194,23 @@ impl Reporter {
                 &PatchParams::apply(TOPOLOGY_MANAGER).force(),
                 &Patch::Apply(&patch),
             )
+            .await?;
+        Ok(())
+    }
+
+    /// Writes only the heartbeat of a status that is otherwise unchanged.
+    async fn write_heartbeat(
+        &self,
+        groups: &Api<TopologyGroup>,
+        status: &TopologyGroupStatus,
+    ) -> Result<(), kube::Error> {
+        let patch = serde_json::json!({"status": {"heartbeatTime": status.heartbeat_time}});
+        let params = PatchParams {
+            field_manager: Some(TOPOLOGY_MANAGER.into()),
+            ..PatchParams::default()
+        };
+        groups
+            .patch_status(&self.node, &params, &Patch::Merge(&patch))
             .await?;
         Ok(())
     }

@@ -35,7 +35,8 @@ pub async fn run(shared: Arc<Shared>, client: Client, reports: Reports) {
         let now = Instant::now();
         let (batch, next_retry) = {
             let mut state = shared.lock();
-            if state.refresh_topology() {
+            let moved = state.refresh_topology();
+            if state.take_capacity_freed() || moved {
                 state.retry_soon(now);
             }
             let batch = state.ready(now, BATCH);

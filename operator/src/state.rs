@@ -13,7 +13,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// How long a node agent may go without a heartbeat before its cards are withheld.
-pub const AGENT_STALE_AFTER: Duration = Duration::from_secs(60);
+/// Agents heartbeat every 30 s by default, so this is three missed beats.
+pub const AGENT_STALE_AFTER: Duration = Duration::from_secs(90);
 
 /// What is known about one pod.
 #[derive(Debug, Clone)]
@@ -115,6 +116,8 @@ pub struct State {
     gang_pods: BTreeMap<(String, String), BTreeSet<String>>,
     /// Decided pods whose binding is being written, by UID.
     in_flight: HashMap<String, placement::Decision>,
+    /// Whether capacity may have been freed or added since the scheduler last looked.
+    capacity_freed: bool,
     /// Retry bookkeeping of pods that did not fit, by UID.
     attempts: HashMap<String, Attempts>,
 }
@@ -160,6 +163,7 @@ impl State {
             tree_dirty: false,
             synced_pods: false,
             in_flight: HashMap::new(),
+            capacity_freed: false,
             gang_pods: BTreeMap::new(),
             derived_groups: BTreeMap::new(),
             attempts: HashMap::new(),
@@ -170,6 +174,12 @@ impl State {
             work: Work::default(),
             pending: BTreeSet::new(),
         }
+    }
+
+    /// Whether capacity may have been freed or added since the last call (a slice or pod gone,
+    /// a node changed, an agent reporting again), so pods that did not fit should try again.
+    pub fn take_capacity_freed(&mut self) -> bool {
+        std::mem::take(&mut self.capacity_freed)
     }
 
     /// Takes the controller work found so far.
@@ -255,7 +265,9 @@ impl State {
                 Err(error) => tracing::warn!(%error, "pod requests cannot be read; not accounted"),
             },
             _ => {
-                self.engine.remove_pod_usage(&uid);
+                if self.engine.remove_pod_usage(&uid) {
+                    self.capacity_freed = true;
+                }
             }
         }
         let queue_key = (
@@ -419,6 +431,7 @@ impl State {
         let Some(record) = self.slices.remove(&key) else {
             return;
         };
+        self.capacity_freed = true;
         self.engine
             .remove_slice(&record.pod_uid, &record.container, record.replica);
         if let Some(keys) = self.slices_by_pod.get_mut(&record.pod_uid) {
@@ -468,7 +481,10 @@ impl State {
         if labels_changed {
             self.tree_dirty = true;
         }
-        self.engine.upsert_node(info.clone());
+        if self.nodes.get(&name) != Some(&info) {
+            self.capacity_freed = true;
+            self.engine.upsert_node(info.clone());
+        }
         self.nodes.insert(name, info);
     }
 
@@ -520,8 +536,15 @@ impl State {
                 self.engine.set_devices(&node, &cards, &nics);
             }
             let heartbeat = status.heartbeat_time.map(|t| t.0);
-            self.engine
-                .set_agent_reporting(&node, fresh(heartbeat, now));
+            let reporting = fresh(heartbeat, now);
+            let was_reporting = self
+                .node_groups
+                .get(&name)
+                .is_some_and(|g| fresh(g.heartbeat, now));
+            if reporting && !was_reporting {
+                self.capacity_freed = true;
+            }
+            self.engine.set_agent_reporting(&node, reporting);
             let stale_reported = self
                 .node_groups
                 .get(&name)

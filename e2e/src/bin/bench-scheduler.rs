@@ -64,34 +64,66 @@ async fn bench(cluster: &Cluster) -> Result<()> {
     eprintln!("creating {NODES} nodes of {CARDS} cards");
     create_nodes(&client).await?;
     let heartbeats = tokio::spawn(heartbeat(client.clone()));
-    let mut operator = start_operator(cluster)?;
+    let (mut operator, operator_listen) = start_operator(cluster)?;
     wait_operator_ready(&client).await?;
+    let processes = Processes::of(cluster, &operator)?;
 
+    // BENCH_RUNS (for example `ours,steady`) picks runs; all run by default.
+    let runs =
+        std::env::var("BENCH_RUNS").unwrap_or_else(|_| "kube,ours,tdm,steady,binding".into());
+    let wanted = |run: &str| runs.split(',').any(|r| r == run);
     let whole = json!({"nvidia.com/gpu": "1"});
-    let kube = burst(&client, "bench-kube", "default-scheduler", &whole, PODS).await?;
-    cleanup(&client, "bench-kube").await?;
-    let ours = burst(
-        &client,
-        "bench-ours",
-        "lj-runtimekit-scheduler",
-        &whole,
-        PODS,
-    )
-    .await?;
-    cleanup(&client, "bench-ours").await?;
-    let tdm = burst(
-        &client,
-        "bench-tdm",
-        "lj-runtimekit-scheduler",
-        &json!({"aliyun.com/gpu-core": "25", "aliyun.com/gpu-memory": "4"}),
-        PODS,
-    )
-    .await?;
-    cleanup(&client, "bench-tdm").await?;
-    let steady = steady(&client, "bench-steady").await?;
-    cleanup(&client, "bench-steady").await?;
-    let ceiling = binding_ceiling(&client, "bench-binding", 3000).await?;
-    cleanup(&client, "bench-binding").await?;
+    let tdm_limits = json!({"aliyun.com/gpu-core": "25", "aliyun.com/gpu-memory": "4"});
+    let mut kube = Run::default();
+    if wanted("kube") {
+        kube = burst(
+            &client,
+            &processes,
+            "bench-kube",
+            "default-scheduler",
+            &whole,
+            PODS,
+        )
+        .await?;
+        cleanup(&client, "bench-kube").await?;
+    }
+    let mut ours = Run::default();
+    if wanted("ours") {
+        ours = burst(
+            &client,
+            &processes,
+            "bench-ours",
+            "lj-runtimekit-scheduler",
+            &whole,
+            PODS,
+        )
+        .await?;
+        cleanup(&client, "bench-ours").await?;
+    }
+    let mut tdm = Run::default();
+    if wanted("tdm") {
+        tdm = burst(
+            &client,
+            &processes,
+            "bench-tdm",
+            "lj-runtimekit-scheduler",
+            &tdm_limits,
+            PODS,
+        )
+        .await?;
+        cleanup(&client, "bench-tdm").await?;
+    }
+    let mut steady_run = Run::default();
+    if wanted("steady") {
+        steady_run = steady(&client, &processes, "bench-steady").await?;
+        cleanup(&client, "bench-steady").await?;
+    }
+    let mut ceiling = Run::default();
+    if wanted("binding") {
+        ceiling = binding_ceiling(&client, "bench-binding", 3000).await?;
+        cleanup(&client, "bench-binding").await?;
+    }
+    let steady = steady_run;
 
     let ours_rss = peak_rss_mib(i32::try_from(operator.id())?)?;
     let kube_rss = peak_rss_mib(
@@ -100,14 +132,19 @@ async fn bench(cluster: &Cluster) -> Result<()> {
             .context("kube-scheduler pid")?,
     )?;
     heartbeats.abort();
+    for line in operator_metrics(operator_listen) {
+        eprintln!("operator metric: {line}");
+    }
     let _ = operator.kill();
     let _ = operator.wait();
 
     println!(
         "\nscheduler benchmark: {NODES} kwok nodes x {CARDS} cards, {PODS} pods per burst, 2 cores shared with the control plane\n"
     );
-    println!("| run | pods | pods/s | p50 create-to-bound ms | p99 create-to-bound ms |");
-    println!("| --- | --- | --- | --- | --- |");
+    println!(
+        "| run | pods | bound pods/s | created pods/s | p50 create-to-bound ms | p99 create-to-bound ms |"
+    );
+    println!("| --- | --- | --- | --- | --- | --- |");
     for (name, run) in [
         ("kube-scheduler, nvidia.com/gpu: 1", &kube),
         ("ours, nvidia.com/gpu: 1", &ours),
@@ -115,14 +152,27 @@ async fn bench(cluster: &Cluster) -> Result<()> {
         (&*format!("ours, steady {STEADY_RATE}/s"), &steady),
     ] {
         println!(
-            "| {name} | {} | {:.0} | {:.0} | {:.0} |",
-            run.pods, run.pods_per_sec, run.p50_ms, run.p99_ms
+            "| {name} | {} | {:.0} | {:.0} | {:.0} | {:.0} |",
+            run.pods, run.pods_per_sec, run.created_per_sec, run.p50_ms, run.p99_ms
         );
     }
     println!(
-        "| Binding ceiling (tight loop, {CONCURRENCY} in flight) | {} | {:.0} | | |",
+        "| Binding ceiling (tight loop, {CONCURRENCY} in flight) | {} | {:.0} | | | |",
         ceiling.pods, ceiling.pods_per_sec
     );
+    println!("\nCPU seconds each process used during a run:\n");
+    let names: Vec<&str> = processes.0.iter().map(|(n, _)| n.as_str()).collect();
+    println!("| run | {} |", names.join(" | "));
+    println!("|{}", " --- |".repeat(names.len() + 1));
+    for (name, run) in [
+        ("kube-scheduler burst", &kube),
+        ("ours burst", &ours),
+        ("ours TDM burst", &tdm),
+        ("ours steady", &steady),
+    ] {
+        let cells: Vec<String> = run.cpu.iter().map(|(_, s)| format!("{s:.1}")).collect();
+        println!("| {name} | {} |", cells.join(" | "));
+    }
     println!(
         "\n| process | peak RSS MiB |\n| --- | --- |\n| ours | {ours_rss:.1} |\n| kube-scheduler | {kube_rss:.1} |\n"
     );
@@ -155,6 +205,62 @@ struct Run {
     pods_per_sec: f64,
     p50_ms: f64,
     p99_ms: f64,
+    /// Pods created per second by the load generator.
+    created_per_sec: f64,
+    /// CPU seconds each process used during the run.
+    cpu: Vec<(String, f64)>,
+}
+
+/// The processes whose CPU time a run reports.
+struct Processes(Vec<(String, i32)>);
+
+impl Processes {
+    fn of(cluster: &Cluster, operator: &Child) -> Result<Processes> {
+        let mut list: Vec<(String, i32)> = [
+            "etcd",
+            "kube-apiserver",
+            "kube-controller-manager",
+            "kube-scheduler",
+            "kwok",
+            "jobset",
+        ]
+        .into_iter()
+        .filter_map(|name| cluster.pid(name).map(|pid| (name.to_owned(), pid)))
+        .collect();
+        list.push(("runtimekit-operator".into(), i32::try_from(operator.id())?));
+        list.push(("load generator".into(), i32::try_from(std::process::id())?));
+        Ok(Processes(list))
+    }
+
+    /// CPU seconds (user and system) each process used so far.
+    fn cpu(&self) -> Vec<(String, f64)> {
+        self.0
+            .iter()
+            .map(|(name, pid)| {
+                let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+                let fields: Vec<&str> = stat
+                    .rsplit_once(") ")
+                    .map(|(_, rest)| rest.split(' ').collect())
+                    .unwrap_or_default();
+                let ticks = |i: usize| {
+                    fields
+                        .get(i)
+                        .and_then(|v| v.parse::<f64>().ok())
+                        .unwrap_or(0.0)
+                };
+                // utime and stime are fields 14 and 15 of stat, 11 and 12 after the command name.
+                (name.clone(), (ticks(11) + ticks(12)) / 100.0)
+            })
+            .collect()
+    }
+}
+
+fn cpu_since(before: &[(String, f64)], after: &[(String, f64)]) -> Vec<(String, f64)> {
+    after
+        .iter()
+        .zip(before)
+        .map(|((name, a), (_, b))| (name.clone(), a - b))
+        .collect()
 }
 
 async fn create_nodes(client: &Client) -> Result<()> {
@@ -190,21 +296,25 @@ async fn create_nodes(client: &Client) -> Result<()> {
     Ok(())
 }
 
-/// Plays the node agents' heartbeat (every 20 s, as agents do), so their cards stay offered.
+/// Plays the node agents' heartbeat (every 30 s, a merge patch of the one field, as agents do),
+/// so their cards stay offered.
 async fn heartbeat(client: Client) {
     let groups: Api<TopologyGroup> = Api::all(client);
-    // Its own field manager: applying only heartbeatTime as "bench-agent" would drop the cards
-    // that manager applied before.
-    let params = PatchParams::apply("bench-heartbeat").force();
+    let params = PatchParams {
+        field_manager: Some("bench-heartbeat".into()),
+        ..PatchParams::default()
+    };
     loop {
-        tokio::time::sleep(Duration::from_secs(20)).await;
+        tokio::time::sleep(Duration::from_secs(30)).await;
         stream::iter(0..NODES)
             .map(|i| {
                 let (groups, params) = (groups.clone(), params.clone());
                 async move {
                     let name = format!("bench-{i:04}");
-                    let status = json!({"apiVersion": "runtimekit.aliyun.com/v1alpha1", "kind": "TopologyGroup", "status": {"heartbeatTime": Time(Timestamp::now())}});
-                    let _ = groups.patch_status(&name, &params, &Patch::Apply(&status)).await;
+                    let status = json!({"status": {"heartbeatTime": Time(Timestamp::now())}});
+                    let _ = groups
+                        .patch_status(&name, &params, &Patch::Merge(&status))
+                        .await;
                 }
             })
             .buffer_unordered(8)
@@ -217,7 +327,7 @@ fn capacity() -> serde_json::Value {
     json!({"cpu": "128", "memory": "1Ti", "pods": "110", "nvidia.com/gpu": CARDS.to_string()})
 }
 
-fn start_operator(cluster: &Cluster) -> Result<Child> {
+fn start_operator(cluster: &Cluster) -> Result<(Child, std::net::SocketAddr)> {
     let exe = std::env::current_exe()?.with_file_name("runtimekit-operator");
     if !exe.exists() {
         bail!(
@@ -227,7 +337,7 @@ fn start_operator(cluster: &Cluster) -> Result<Child> {
     }
     let log = std::fs::File::create(cluster.dir.join("logs/operator.log"))?;
     let listen = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
-    Ok(Command::new(exe)
+    let child = Command::new(exe)
         .args([
             "run",
             "--identity",
@@ -241,7 +351,26 @@ fn start_operator(cluster: &Cluster) -> Result<Child> {
         .env("RUST_LOG", "warn")
         .stdout(log.try_clone()?)
         .stderr(log)
-        .spawn()?)
+        .spawn()?;
+    Ok((child, listen))
+}
+
+/// The operator's own view of its work: the sums and counts of its latency histograms.
+fn operator_metrics(listen: std::net::SocketAddr) -> Vec<String> {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = std::net::TcpStream::connect(listen) else {
+        return Vec::new();
+    };
+    let _ = write!(stream, "GET /metrics HTTP/1.0\r\nHost: {listen}\r\n\r\n");
+    let mut body = String::new();
+    let _ = stream.read_to_string(&mut body);
+    body.lines()
+        .filter(|l| {
+            (l.contains("_sum") || l.contains("_count") || l.contains("attempts_total"))
+                && !l.starts_with('#')
+        })
+        .map(str::to_owned)
+        .collect()
 }
 
 /// Waits until the operator holds the Lease (it starts scheduling right after).
@@ -309,6 +438,7 @@ fn watch_bound(
 /// Creates `count` pods as fast as the apiserver takes them and measures until all are bound.
 async fn burst(
     client: &Client,
+    processes: &Processes,
     ns: &str,
     scheduler: &str,
     limits: &serde_json::Value,
@@ -320,6 +450,7 @@ async fn burst(
     tokio::time::sleep(Duration::from_millis(500)).await;
     let api: Api<Pod> = Api::namespaced(client.clone(), ns);
     let created = Arc::new(Mutex::new(HashMap::new()));
+    let cpu_before = processes.cpu();
     let start = Instant::now();
     stream::iter(0..count)
         .map(|i| {
@@ -337,11 +468,14 @@ async fn burst(
         .buffer_unordered(CONCURRENCY)
         .try_collect::<Vec<()>>()
         .await?;
+    let created_in = start.elapsed();
     let end = wait_all_bound(&bound, count, Duration::from_secs(600)).await?;
     watch.abort();
     let created = created.lock().map(|c| c.clone()).unwrap_or_default();
     let bound = bound.lock().map(|b| b.clone()).unwrap_or_default();
-    let run = measure(count, start, end, &created, &bound);
+    let mut run = measure(count, start, end, &created, &bound);
+    run.created_per_sec = count as f64 / created_in.as_secs_f64();
+    run.cpu = cpu_since(&cpu_before, &processes.cpu());
     eprintln!(
         "{ns}: {:.0} pods/s, p99 {:.0} ms",
         run.pods_per_sec, run.p99_ms
@@ -397,11 +531,12 @@ fn measure(
         pods_per_sec: count as f64 / end.duration_since(start).as_secs_f64(),
         p50_ms: pct(0.5),
         p99_ms: pct(0.99),
+        ..Run::default()
     }
 }
 
 /// A steady stream of pods for ours, for the latency at a moderate rate.
-async fn steady(client: &Client, ns: &str) -> Result<Run> {
+async fn steady(client: &Client, processes: &Processes, ns: &str) -> Result<Run> {
     let count = (STEADY_RATE * STEADY_SECONDS) as usize;
     eprintln!("{ns}: {count} pods at {STEADY_RATE}/s");
     namespace(client, ns).await?;
@@ -409,6 +544,7 @@ async fn steady(client: &Client, ns: &str) -> Result<Run> {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let api: Api<Pod> = Api::namespaced(client.clone(), ns);
     let created = Arc::new(Mutex::new(HashMap::new()));
+    let cpu_before = processes.cpu();
     let start = Instant::now();
     let mut tick = tokio::time::interval(Duration::from_micros(1_000_000 / STEADY_RATE));
     let mut tasks = Vec::with_capacity(count);
@@ -440,7 +576,10 @@ async fn steady(client: &Client, ns: &str) -> Result<Run> {
     watch.abort();
     let created = created.lock().map(|c| c.clone()).unwrap_or_default();
     let bound = bound.lock().map(|b| b.clone()).unwrap_or_default();
-    Ok(measure(count, start, end, &created, &bound))
+    let mut run = measure(count, start, end, &created, &bound);
+    run.created_per_sec = STEADY_RATE as f64;
+    run.cpu = cpu_since(&cpu_before, &processes.cpu());
+    Ok(run)
 }
 
 /// Bindings posted in a tight loop for pods no scheduler handles: what this apiserver can take.

@@ -37,6 +37,7 @@ pub const TESTS: &[Test] = tests![
     gang_that_cannot_fit_stays_pending,
     gang_with_missing_members_times_out,
     contract_violations_are_reported,
+    stale_agent_cards_are_withheld,
     operator_killed_mid_burst_loses_nothing,
     standby_takes_over_when_the_leader_dies,
 ];
@@ -699,6 +700,70 @@ async fn contract_violations_are_reported(ctx: TestContext) -> Result<()> {
             events.contains("GpuCoreZero"),
             "core 0 is flagged: {events}"
         );
+        Ok(())
+    })
+    .await
+}
+
+async fn stale_agent_cards_are_withheld(ctx: TestContext) -> Result<()> {
+    with_operator(ctx, |ctx| async move {
+        let node = gpu_node(&ctx, "h800", h800_node(), vec![], &[]).await?;
+        // The agent's last heartbeat is three minutes old: its cards are not offered.
+        let stale = Time(
+            Timestamp::now()
+                .saturating_sub(k8s_openapi::jiff::SignedDuration::from_secs(180))
+                .context("time")?,
+        );
+        let status = json!({"status": {"heartbeatTime": stale}});
+        ctx.cluster_api::<TopologyGroup>()
+            .patch_status(&node, &PatchParams::default(), &Patch::Merge(&status))
+            .await?;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        create_pod(&ctx, gpu_pod("waits", json!({"nvidia.com/gpu": "1"}))).await?;
+        let pods = ctx.api::<Pod>();
+        let message = ctx
+            .wait_for(
+                "the pod to be reported unschedulable",
+                Duration::from_secs(20),
+                || async {
+                    let pod = pods.get("waits").await?;
+                    let condition = pod
+                        .status
+                        .and_then(|s| s.conditions)
+                        .unwrap_or_default()
+                        .into_iter()
+                        .find(|c| c.type_ == "PodScheduled");
+                    Ok(condition.and_then(|c| c.message))
+                },
+            )
+            .await?;
+        ensure!(
+            message == "0/1 nodes are available: 1 node(s) had no node agent reporting.",
+            "{message}"
+        );
+        let groups = ctx.cluster_api::<TopologyGroup>();
+        let reporting = ctx
+            .wait_for(
+                "the group to be marked stale",
+                Duration::from_secs(20),
+                || async {
+                    let group = groups.get(&node).await?;
+                    Ok(group
+                        .status
+                        .unwrap_or_default()
+                        .conditions
+                        .into_iter()
+                        .find(|c| c.type_ == "AgentReporting" && c.status == "False"))
+                },
+            )
+            .await?;
+        ensure!(reporting.reason == "HeartbeatStale", "{reporting:?}");
+        // A fresh heartbeat offers the cards again.
+        let fresh = json!({"status": {"heartbeatTime": Time(Timestamp::now())}});
+        groups
+            .patch_status(&node, &PatchParams::default(), &Patch::Merge(&fresh))
+            .await?;
+        bound(&ctx, "waits").await?;
         Ok(())
     })
     .await
