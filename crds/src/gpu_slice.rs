@@ -59,6 +59,8 @@ pub enum SliceMode {
         .message("a MIG slice needs slices, migProfile and migPlacementStart, and carries no core"),
     validation = Rule::new("!has(self.slices) || !has(self.migPlacementStart) || (self.slices == 1 && self.migPlacementStart <= 6) || (self.slices == 2 && self.migPlacementStart in [0, 2, 4]) || (self.slices == 3 && self.migPlacementStart in [0, 4]) || (self.slices >= 4 && self.migPlacementStart == 0)")
         .message("migPlacementStart is not a legal start for this slice count (1: 0-6, 2: 0/2/4, 3: 0/4, 4 and 7: 0)"),
+    validation = Rule::new("!has(self.slices) || !has(self.migProfile) || self.migProfile.startsWith(string(self.slices) + 'g.')")
+        .message("migProfile must have as many compute slices as slices (3 slices: a 3g profile)"),
 )]
 pub struct GpuSliceSpec {
     /// The node holding the card. Set when the slice is reserved or bound, immutable after.
@@ -115,6 +117,15 @@ pub struct GpuSliceSpec {
     /// card's slice.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nics: Vec<String>,
+}
+
+/// Parses a slice's memory value (`4Gi`, `512Mi`, as the CEL rule on `memory` admits) into MiB.
+pub fn parse_slice_memory(value: &str) -> Option<u64> {
+    if let Some(gib) = value.strip_suffix("Gi") {
+        gib.parse::<u64>().ok()?.checked_mul(1024)
+    } else {
+        value.strip_suffix("Mi")?.parse().ok()
+    }
 }
 
 /// A physical card on a node.

@@ -18,6 +18,7 @@ pub use gang_group::{
 };
 pub use gpu_slice::{
     CardRef, GpuSlice, GpuSliceSpec, GpuSliceStatus, MigInstanceRef, PodRef, SliceMode, SlicePhase,
+    parse_slice_memory,
 };
 pub use topology_group::{
     CardHealth, CardStatus, MigInstanceStatus, NicStatus, TopologyCapacity, TopologyGroup,

@@ -3,7 +3,7 @@
 
 use kube::core::cel::validate_cel as validate;
 use kube::core::cel::validate_cel_update;
-use runtimekit_crds::{GangGroup, GpuSlice, TopologyGroup};
+use runtimekit_crds::{GangGroup, GpuSlice, TopologyGroup, parse_slice_memory};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
@@ -146,6 +146,10 @@ fn slice_rules_break() {
         (
             json!({"mode": "MIG", "slices": 1, "migProfile": "big", "migPlacementStart": 0}),
             "migProfile must look like 3g.40gb",
+        ),
+        (
+            json!({"mode": "MIG", "slices": 3, "migProfile": "1g.10gb", "migPlacementStart": 0}),
+            "migProfile must have as many compute slices as slices (3 slices: a 3g profile)",
         ),
         (
             json!({"mode": "MIG", "slices": 3}),
@@ -293,4 +297,14 @@ fn gang_rules_break_and_defaults_apply() {
             "{spec}: expected {message:?}, got {messages:?}"
         );
     }
+}
+
+#[test]
+fn slice_memory_parses_to_mib() {
+    assert_eq!(parse_slice_memory("4Gi"), Some(4096));
+    assert_eq!(parse_slice_memory("512Mi"), Some(512));
+    assert_eq!(parse_slice_memory("4G"), None);
+    assert_eq!(parse_slice_memory("Gi"), None);
+    assert_eq!(parse_slice_memory("-1Mi"), None);
+    assert_eq!(parse_slice_memory(&format!("{}Gi", u64::MAX)), None);
 }

@@ -4,7 +4,7 @@
 
 use crate::health::FaultState;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use runtimekit_crds::{GpuSlice, SliceMode, SlicePhase};
+use runtimekit_crds::{GpuSlice, SliceMode, SlicePhase, parse_slice_memory};
 use runtimekit_proto::resource::v1alpha1 as pb;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -137,7 +137,7 @@ impl SliceInfo {
             card_uuid: card.uuid.clone(),
             mode: slice.spec.mode,
             core: slice.spec.core,
-            memory_mib: slice.spec.memory.as_deref().and_then(parse_memory_mib),
+            memory_mib: slice.spec.memory.as_deref().and_then(parse_slice_memory),
             slices: slice.spec.slices,
             mig_profile: slice.spec.mig_profile.clone(),
             mig_start: slice.spec.mig_placement_start,
@@ -175,15 +175,6 @@ impl SliceInfo {
 /// The resource-layer instance key of a slice.
 pub fn instance_key(namespace: &str, name: &str) -> String {
     format!("{namespace}/{name}")
-}
-
-/// Parses a GpuSlice memory value (`4Gi`, `512Mi`) into MiB.
-pub fn parse_memory_mib(value: &str) -> Option<u64> {
-    if let Some(gib) = value.strip_suffix("Gi") {
-        gib.parse::<u64>().ok()?.checked_mul(1024)
-    } else {
-        value.strip_suffix("Mi")?.parse().ok()
-    }
 }
 
 /// A card the kubelet gave whole to a pod, as the kubelet's pod-resources API reports it.
@@ -270,14 +261,6 @@ impl NodeState {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn memory_values_parse_to_mib() {
-        assert_eq!(parse_memory_mib("4Gi"), Some(4096));
-        assert_eq!(parse_memory_mib("512Mi"), Some(512));
-        assert_eq!(parse_memory_mib("4G"), None);
-        assert_eq!(parse_memory_mib("Gi"), None);
-    }
 
     fn device(index: u32, state: pb::DeviceState, model: &str) -> pb::Device {
         pb::Device {

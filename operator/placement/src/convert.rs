@@ -477,21 +477,11 @@ impl NodeDevices {
 
 /// `4Gi` or `512Mi` to MiB.
 fn parse_memory(object: &str, text: &str) -> Result<u64, ConvertError> {
-    let invalid = || ConvertError::Invalid {
+    runtimekit_crds::parse_slice_memory(text).ok_or_else(|| ConvertError::Invalid {
         object: object.into(),
         field: "memory",
         value: text.into(),
-    };
-    if let Some(gi) = text.strip_suffix("Gi") {
-        gi.parse::<u64>()
-            .ok()
-            .and_then(|g| g.checked_mul(1024))
-            .ok_or_else(invalid)
-    } else if let Some(mi) = text.strip_suffix("Mi") {
-        mi.parse::<u64>().map_err(|_| invalid())
-    } else {
-        Err(invalid())
-    }
+    })
 }
 
 /// MiB as `<n>Gi` when whole, else `<n>Mi`.

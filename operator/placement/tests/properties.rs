@@ -1,5 +1,6 @@
 //! Properties over random clusters and random sequences of decisions, commits, releases and
-//! device changes: no card is ever over-committed, TDM and MIG never share a card, MIG
+//! device changes: no card is ever over-committed (checked on a ledger of the committed
+//! decisions kept by the test, which the engine's own counters must match), TDM and MIG never share a card, MIG
 //! instances sit at legal, non-overlapping starts, the same state and input give the same
 //! decision whatever order the cluster was built in, and releasing everything empties it.
 
@@ -10,6 +11,7 @@ use proptest::prelude::*;
 use runtimekit_contract::mig::table_for;
 use runtimekit_contract::{CardRequest, ContainerRequest, WholeCardName};
 use runtimekit_placement::*;
+use std::collections::BTreeMap;
 
 #[derive(Debug, Clone, Copy)]
 enum Kind {
@@ -117,7 +119,43 @@ struct Twin {
     health: Vec<Vec<bool>>,
     agents: Vec<bool>,
     pair: [Cluster; 2],
-    live: Vec<String>,
+    /// The committed decisions still live: the test's own ledger.
+    live: Vec<Decision>,
+}
+
+/// What the ledger says one card holds.
+#[derive(Debug, Default, PartialEq)]
+struct Tally {
+    tdm_shares: u32,
+    core: u32,
+    memory_mib: u64,
+    whole: u32,
+    mig: Vec<(String, u8)>,
+}
+
+/// Sums the live decisions per (node, card index), independently of the engine.
+fn ledger(live: &[Decision]) -> BTreeMap<(String, u32), Tally> {
+    let mut tallies: BTreeMap<(String, u32), Tally> = BTreeMap::new();
+    for decision in live {
+        for card in decision.containers.iter().flat_map(|c| &c.cards) {
+            let tally = tallies
+                .entry((decision.node.clone(), card.index))
+                .or_default();
+            match &card.share {
+                Share::Whole => tally.whole += 1,
+                Share::Tdm { core, memory_mib } => {
+                    tally.tdm_shares += 1;
+                    tally.core += u32::from(core.unwrap_or(0));
+                    tally.memory_mib += memory_mib.unwrap_or(0);
+                }
+                Share::Mig { profile, start, .. } => tally.mig.push((profile.clone(), *start)),
+            }
+        }
+    }
+    for tally in tallies.values_mut() {
+        tally.mig.sort();
+    }
+    tallies
 }
 
 fn devices(spec: &NodeSpec, health: &[bool]) -> (Vec<CardInfo>, Vec<NicInfo>) {
@@ -196,14 +234,14 @@ impl Twin {
                     for c in &mut self.pair {
                         prop_assert_eq!(c.commit(&d), Ok(()));
                     }
-                    self.live.push(d.pod_uid);
+                    self.live.push(d);
                 }
             }
             Op::Release(k) => {
                 if !self.live.is_empty() {
-                    let uid = self.live.remove(k % self.live.len());
+                    let gone = self.live.remove(k % self.live.len());
                     for c in &mut self.pair {
-                        prop_assert!(c.release(&uid));
+                        prop_assert!(c.release(&gone.pod_uid));
                     }
                 }
             }
@@ -228,6 +266,7 @@ impl Twin {
     }
 
     fn check(&self) -> Result<(), TestCaseError> {
+        let mut tallies = ledger(&self.live);
         for (n, spec) in self.specs.iter().enumerate() {
             let views = self.pair[0].cards(&format!("node-{n}")).expect("node");
             prop_assert_eq!(
@@ -236,11 +275,27 @@ impl Twin {
             );
             for (v, &(kind, _)) in views.iter().zip(&spec.cards) {
                 let info = card_of(kind, v.index, true);
-                prop_assert!(v.core_used <= 100, "core over-committed: {:?}", v);
-                prop_assert!(
-                    v.memory_used_mib <= v.memory_mib,
-                    "memory over-committed: {:?}",
+                let held = tallies
+                    .remove(&(format!("node-{n}"), v.index))
+                    .unwrap_or_default();
+                prop_assert_eq!(
+                    &held,
+                    &Tally {
+                        tdm_shares: v.tdm_shares,
+                        core: v.core_used,
+                        memory_mib: v.memory_used_mib,
+                        whole: v.whole,
+                        mig: v.mig.clone(),
+                    },
+                    "the engine's counters differ from the committed decisions on {:?}",
                     v
+                );
+                prop_assert!(held.core <= 100, "core over-committed: {:?}", held);
+                prop_assert!(
+                    held.memory_mib <= info.memory_mib,
+                    "memory over-committed: {:?} of {} MiB",
+                    held,
+                    info.memory_mib
                 );
                 prop_assert!(v.whole <= 1, "given whole twice: {:?}", v);
                 if v.whole == 1 {
@@ -272,6 +327,11 @@ impl Twin {
                 }
             }
         }
+        prop_assert!(
+            tallies.is_empty(),
+            "decisions on unknown cards: {:?}",
+            tallies
+        );
         Ok(())
     }
 }
@@ -282,9 +342,9 @@ fn run(specs: Vec<NodeSpec>, ops: Vec<Op>, scoring: Scoring) -> Result<(), TestC
         twin.apply(op, uid)?;
         twin.check()?;
     }
-    for uid in std::mem::take(&mut twin.live) {
+    for gone in std::mem::take(&mut twin.live) {
         for c in &mut twin.pair {
-            prop_assert!(c.release(&uid));
+            prop_assert!(c.release(&gone.pod_uid));
         }
     }
     for c in &twin.pair {
