@@ -59,7 +59,7 @@ pub enum SliceMode {
         .message("a MIG slice needs slices, migProfile and migPlacementStart, and carries no core"),
     validation = Rule::new("!has(self.slices) || !has(self.migPlacementStart) || (self.slices == 1 && self.migPlacementStart <= 6) || (self.slices == 2 && self.migPlacementStart in [0, 2, 4]) || (self.slices == 3 && self.migPlacementStart in [0, 4]) || (self.slices >= 4 && self.migPlacementStart == 0)")
         .message("migPlacementStart is not a legal start for this slice count (1: 0-6, 2: 0/2/4, 3: 0/4, 4 and 7: 0)"),
-    validation = Rule::new("!has(self.slices) || !has(self.migProfile) || self.migProfile.startsWith(string(self.slices) + 'g.')")
+    validation = Rule::new("!has(self.slices) || !has(self.migProfile) || (self.slices == 1 && self.migProfile.startsWith('1g.')) || (self.slices == 2 && self.migProfile.startsWith('2g.')) || (self.slices == 3 && self.migProfile.startsWith('3g.')) || (self.slices == 4 && self.migProfile.startsWith('4g.')) || (self.slices == 7 && self.migProfile.startsWith('7g.'))")
         .message("migProfile must have as many compute slices as slices (3 slices: a 3g profile)"),
 )]
 pub struct GpuSliceSpec {
@@ -83,6 +83,8 @@ pub struct GpuSliceSpec {
     /// slices this is the container's visible cap, at most the profile's memory. Absent means the
     /// whole memory of the card or instance.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    // A bound length keeps the CEL rules' estimated cost within the apiserver's budget.
+    #[schemars(length(max = 24))]
     #[x_kube(validation = Rule::new("self.matches('^[1-9][0-9]*(Mi|Gi)$')").message("memory must be a positive whole number of Mi or Gi, such as 4Gi or 512Mi"))]
     pub memory: Option<String>,
 
@@ -93,6 +95,7 @@ pub struct GpuSliceSpec {
 
     /// MIG profile chosen for the card's model, for example `3g.40gb` (MIG only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 24))]
     #[x_kube(validation = Rule::new("self.matches('^[1-8]g\\\\.[0-9]+gb(\\\\+me)?$')").message("migProfile must look like 3g.40gb"))]
     pub mig_profile: Option<String>,
 

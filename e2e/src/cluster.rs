@@ -48,6 +48,17 @@ struct Component {
     pid: i32,
     log: PathBuf,
     child: Option<Child>,
+    program: PathBuf,
+    args: Vec<String>,
+}
+
+/// A component stopped by [`Cluster::stop_component`], to be started again.
+#[derive(Debug)]
+pub struct StoppedComponent {
+    name: &'static str,
+    program: PathBuf,
+    args: Vec<String>,
+    index: usize,
 }
 
 /// A running control plane.
@@ -369,7 +380,7 @@ impl Cluster {
 
     fn spawn(&mut self, name: &'static str, program: &Path, args: &[String]) -> Result<()> {
         let log = self.dir.join("logs").join(format!("{name}.log"));
-        let file = File::create(&log)?;
+        let file = File::options().create(true).append(true).open(&log)?;
         let mut command = Command::new(program);
         command
             .args(args)
@@ -393,7 +404,38 @@ impl Cluster {
             pid,
             log,
             child: (!self.detached).then_some(child),
+            program: program.to_owned(),
+            args: args.to_vec(),
         });
+        Ok(())
+    }
+
+    /// Stops one component, to test what happens while it is away. It leaves the list of
+    /// running components (so no stale PID is ever signalled); [`Cluster::start_again`] brings
+    /// it back from the returned record, with the same arguments (its log continues).
+    pub fn stop_component(&mut self, name: &str) -> Result<StoppedComponent> {
+        let index = self
+            .components
+            .iter()
+            .position(|c| c.name == name)
+            .with_context(|| format!("{name} is not running"))?;
+        let mut component = self.components.remove(index);
+        stop_pid(component.pid, component.child.as_mut());
+        Ok(StoppedComponent {
+            name: component.name,
+            program: component.program,
+            args: component.args,
+            index,
+        })
+    }
+
+    /// Starts a component stopped by [`Cluster::stop_component`] again, in its place in the
+    /// start order (so stopping newest-first still stops it before what it needs).
+    pub fn start_again(&mut self, stopped: StoppedComponent) -> Result<()> {
+        self.spawn(stopped.name, &stopped.program, &stopped.args)?;
+        let restarted = self.components.pop().context("respawned component")?;
+        let index = stopped.index.min(self.components.len());
+        self.components.insert(index, restarted);
         Ok(())
     }
 

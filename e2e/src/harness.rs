@@ -317,20 +317,33 @@ impl TestContext {
         Ok(String::from_utf8_lossy(&output.stdout).into_owned())
     }
 
-    /// Creates a kwok-managed node for this test; its name is prefixed with the namespace and
-    /// it is deleted when the test ends.
+    /// Creates a kwok-managed (or [hung](FakeNode::hung)) node for this test; its name is
+    /// prefixed with the namespace and it is deleted when the test ends.
     pub async fn fake_node(&self, node: FakeNode) -> Result<Node> {
         let name = format!("{}-{}", self.namespace, node.name);
+        // A node may be created with its status; a hung node's Ready condition is never renewed,
+        // and no node-lifecycle controller runs here to notice.
+        let (annotations, conditions) = if node.hung {
+            (
+                serde_json::json!({}),
+                serde_json::json!([{"type": "Ready", "status": "True", "reason": "KubeletReady"}]),
+            )
+        } else {
+            (
+                serde_json::json!({KWOK_ANNOTATION: "fake"}),
+                serde_json::json!([]),
+            )
+        };
         let node_object: Node = serde_json::from_value(serde_json::json!({
             "apiVersion": "v1",
             "kind": "Node",
             "metadata": {
                 "name": name,
                 "labels": node.labels_with_defaults(&name),
-                "annotations": {KWOK_ANNOTATION: "fake"},
+                "annotations": annotations,
             },
             "spec": {"taints": node.taints},
-            "status": {"capacity": node.capacity, "allocatable": node.capacity},
+            "status": {"capacity": node.capacity, "allocatable": node.capacity, "conditions": conditions},
         }))?;
         self.nodes
             .lock()
@@ -471,6 +484,7 @@ pub struct FakeNode {
     labels: BTreeMap<String, String>,
     capacity: BTreeMap<String, String>,
     taints: Vec<serde_json::Value>,
+    hung: bool,
 }
 
 impl FakeNode {
@@ -485,7 +499,15 @@ impl FakeNode {
             labels: BTreeMap::new(),
             capacity,
             taints: Vec::new(),
+            hung: false,
         }
+    }
+
+    /// A node that reports Ready but whose kubelet never acts: kwok does not manage it, so pods
+    /// bound to it never start and pods deleted there stay Terminating.
+    pub fn hung(mut self) -> FakeNode {
+        self.hung = true;
+        self
     }
 
     /// Adds a label.
@@ -658,6 +680,34 @@ impl TestContext {
         };
         processes.push(process.clone());
         Ok(process)
+    }
+
+    /// Runs `f` on the running control plane.
+    fn with_cluster<T>(&self, f: impl FnOnce(&mut Cluster) -> Result<T>) -> Result<T> {
+        let mut cluster = self
+            .cluster
+            .lock()
+            .map_err(|_| anyhow::anyhow!("cluster poisoned"))?;
+        f(cluster.as_mut().context("the control plane is stopped")?)
+    }
+
+    /// Stops the kube-apiserver for `down_for`, starts it again and waits until it is ready.
+    pub async fn restart_apiserver(&self, down_for: Duration) -> Result<()> {
+        let stopped = self.with_cluster(|cluster| cluster.stop_component("kube-apiserver"))?;
+        tokio::time::sleep(down_for).await;
+        self.with_cluster(|cluster| cluster.start_again(stopped))?;
+        self.wait_for(
+            "the kube-apiserver to be ready again",
+            Duration::from_secs(60),
+            || async {
+                let ready = self
+                    .client
+                    .request_text(http::Request::get("/readyz").body(Vec::new())?)
+                    .await;
+                Ok(ready.ok().filter(|body| body.contains("ok")).map(|_| ()))
+            },
+        )
+        .await
     }
 
     /// A kubeconfig file for `user` in `groups`, with a client certificate from the cluster's

@@ -256,7 +256,8 @@ impl Controller {
             .map(|p| Member {
                 uid: p.uid.clone(),
                 name: p.name.clone(),
-                bound: p.node.is_some(),
+                // A member whose binding landed but is not in the watch yet counts as bound.
+                bound: p.node.is_some() || state.in_flight(&p.uid),
                 running: p.running || p.succeeded,
                 pod: p.pending.as_ref().map(|pending| Arc::clone(&pending.pod)),
             })

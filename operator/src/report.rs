@@ -4,15 +4,21 @@ use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Client, Resource};
+use tokio::sync::mpsc;
 
 /// The longest Event note the API takes is 1 kB; longer messages are cut.
 const MAX_NOTE: usize = 1000;
+/// Events waiting to be published; beyond this, new ones are dropped (and logged) rather than
+/// letting a burst of Events slow the bindings down.
+const EVENT_QUEUE: usize = 20_000;
 
-/// Publishes Events and pod conditions for the operator.
+/// Publishes Events and pod conditions for the operator. Events go through one background
+/// sender, as kube-scheduler's event broadcaster does, so they never compete with bindings for
+/// the apiserver's attention; conditions are written at once.
 #[derive(Clone)]
 pub struct Reports {
     client: Client,
-    recorder: Recorder,
+    events: mpsc::Sender<(Event, ObjectReference)>,
 }
 
 impl std::fmt::Debug for Reports {
@@ -23,18 +29,25 @@ impl std::fmt::Debug for Reports {
 
 impl Reports {
     /// Reports as `controller` (the scheduler name), from instance `identity`.
+    /// Must be called inside a tokio runtime: it starts the Event sender.
     pub fn new(client: Client, controller: &str, identity: &str) -> Reports {
         let reporter = Reporter {
             controller: controller.into(),
             instance: Some(identity.into()),
         };
-        Reports {
-            recorder: Recorder::new(client.clone(), reporter),
-            client,
-        }
+        let recorder = Recorder::new(client.clone(), reporter);
+        let (events, mut queue) = mpsc::channel::<(Event, ObjectReference)>(EVENT_QUEUE);
+        tokio::spawn(async move {
+            while let Some((event, object)) = queue.recv().await {
+                if let Err(error) = recorder.publish(&event, &object).await {
+                    tracing::warn!(%error, reason = %event.reason, "could not publish an event");
+                }
+            }
+        });
+        Reports { client, events }
     }
 
-    /// Publishes an Event about `object`; failures are logged, never fatal.
+    /// Queues an Event about `object`; failures are logged, never fatal.
     pub async fn event(
         &self,
         object: &ObjectReference,
@@ -54,8 +67,8 @@ impl Reports {
             action: action.into(),
             secondary: None,
         };
-        if let Err(error) = self.recorder.publish(&event, object).await {
-            tracing::warn!(%error, reason, "could not publish an event");
+        if self.events.try_send((event, object.clone())).is_err() {
+            tracing::warn!(reason, "too many events waiting; one was dropped");
         }
     }
 

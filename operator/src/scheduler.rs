@@ -65,7 +65,7 @@ pub async fn run(shared: Arc<Shared>, client: Client, reports: Reports) {
                 Outcome::Unschedulable { message, changed } => {
                     shared.metrics.attempt(AttemptResult::Unschedulable);
                     if changed {
-                        report_pod(&shared, &reports, &uid, "Unschedulable", &message).await;
+                        report_pod(&shared, &reports, &uid, "Unschedulable", &message);
                     }
                 }
                 Outcome::Invalid {
@@ -75,7 +75,7 @@ pub async fn run(shared: Arc<Shared>, client: Client, reports: Reports) {
                 } => {
                     shared.metrics.attempt(AttemptResult::Invalid);
                     if changed {
-                        report_pod(&shared, &reports, &uid, reason, &message).await;
+                        report_pod(&shared, &reports, &uid, reason, &message);
                     }
                 }
                 Outcome::Skip => {}
@@ -93,13 +93,18 @@ pub async fn run(shared: Arc<Shared>, client: Client, reports: Reports) {
     }
 }
 
-async fn report_pod(shared: &Shared, reports: &Reports, uid: &str, reason: &str, message: &str) {
+/// Reports why a pod waits, in a task of its own: the decision loop never waits for the
+/// condition write, so a burst of unschedulable pods does not hold up the bindings. Only a
+/// changed message is written, and a pod is retried after its backoff or a change of capacity,
+/// so two writes for one pod are far apart compared with a write's latency.
+fn report_pod(shared: &Shared, reports: &Reports, uid: &str, reason: &str, message: &str) {
     let pod = shared
         .lock()
         .pod(uid)
         .and_then(|p| p.pending.as_ref().map(|p| Arc::clone(&p.pod)));
     if let Some(pod) = pod {
-        reports.unschedulable(&pod, reason, message).await;
+        let (reports, reason, message) = (reports.clone(), reason.to_owned(), message.to_owned());
+        tokio::spawn(async move { reports.unschedulable(&pod, &reason, &message).await });
     }
 }
 

@@ -278,6 +278,8 @@ impl State {
             self.pending.insert(queue_key);
         } else {
             self.pending.remove(&queue_key);
+            // Bound (the binding landed) or ended: no decision for it is in flight any more.
+            self.in_flight.remove(&uid);
         }
         if ended {
             self.release_slices_of(&uid, node.is_some());
@@ -353,6 +355,7 @@ impl State {
             self.pending.remove(&(record.created, uid.to_owned()));
         }
         self.attempts.remove(uid);
+        self.in_flight.remove(uid);
         self.engine.remove_pod_usage(uid);
         self.release_slices_of(uid, bound);
     }
@@ -835,6 +838,8 @@ struct Attempts {
     count: u32,
     next: std::time::Instant,
     reported: Option<String>,
+    /// The pod breaks the contract: only replacing it helps, so freed capacity does not hurry it.
+    broken: bool,
 }
 
 /// The longest a pod waits between attempts.
@@ -867,7 +872,7 @@ impl State {
 
     /// Lets every backed-off pod try again soon: capacity was freed or a node appeared.
     pub fn retry_soon(&mut self, now: std::time::Instant) {
-        for attempts in self.attempts.values_mut() {
+        for attempts in self.attempts.values_mut().filter(|a| !a.broken) {
             attempts.next = attempts.next.min(now + Duration::from_millis(200));
         }
     }
@@ -877,6 +882,7 @@ impl State {
             count: 0,
             next: now,
             reported: None,
+            broken: false,
         });
         attempts.count += 1;
         let delay = Duration::from_secs(1)
@@ -885,6 +891,17 @@ impl State {
         attempts.next = now + delay;
         let changed = attempts.reported.as_deref() != Some(message);
         attempts.reported = Some(message.to_owned());
+        changed
+    }
+
+    /// Backs off a pod that breaks the contract: it only changes by being replaced, so it is
+    /// retried rarely and never hurried by freed capacity.
+    fn back_off_broken(&mut self, uid: &str, now: std::time::Instant, message: &str) -> bool {
+        let changed = self.back_off(uid, now, message);
+        if let Some(attempts) = self.attempts.get_mut(uid) {
+            attempts.next = now + MAX_BACKOFF;
+            attempts.broken = true;
+        }
         changed
     }
 
@@ -905,11 +922,7 @@ impl State {
             Ok(request) => request.clone(),
             Err(error) => {
                 let message = error.to_string();
-                let changed = self.back_off(uid, now, &message);
-                // A broken pod only changes by being replaced; retry rarely.
-                if let Some(a) = self.attempts.get_mut(uid) {
-                    a.next = now + MAX_BACKOFF;
-                }
+                let changed = self.back_off_broken(uid, now, &message);
                 return Outcome::Invalid {
                     message,
                     reason: error.reason(),
@@ -921,7 +934,7 @@ impl State {
             Ok(input) => input,
             Err(error) => {
                 let message = error.to_string();
-                let changed = self.back_off(uid, now, &message);
+                let changed = self.back_off_broken(uid, now, &message);
                 return Outcome::Invalid {
                     message,
                     reason: "InvalidPod",
@@ -987,10 +1000,18 @@ impl State {
         }
     }
 
-    /// The binding of `uid` was accepted.
+    /// The binding of `uid` was accepted. The pod stays in flight until the watch shows it bound,
+    /// so it is never decided a second time in between.
     pub fn bound(&mut self, uid: &str) {
-        self.in_flight.remove(uid);
         self.attempts.remove(uid);
+        if self.pods.get(uid).is_none_or(|p| p.pending.is_none()) {
+            self.in_flight.remove(uid);
+        }
+    }
+
+    /// Whether a decision for `uid` is being written or waits for the watch to show it bound.
+    pub fn in_flight(&self, uid: &str) -> bool {
+        self.in_flight.contains_key(uid)
     }
 
     /// The binding of `uid` failed: its capacity returns and it retries after a backoff.
@@ -1039,7 +1060,11 @@ impl State {
         let mut members = Vec::new();
         let mut inputs = Vec::new();
         for record in self.gang_members(namespace, name) {
-            let Some(pending) = &record.pending else {
+            let Some(pending) = record
+                .pending
+                .as_ref()
+                .filter(|_| !self.in_flight(&record.uid))
+            else {
                 continue;
             };
             let request = pending
@@ -1081,7 +1106,7 @@ impl State {
     pub fn gang_bound(&mut self, namespace: &str, name: &str, uids: &[String]) {
         self.engine.confirm_gang(&State::gang_key(namespace, name));
         for uid in uids {
-            self.in_flight.remove(uid);
+            self.bound(uid);
         }
     }
 

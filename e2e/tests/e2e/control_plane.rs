@@ -96,6 +96,13 @@ async fn cel_rules_reject_invalid_objects(ctx: TestContext) -> Result<()> {
         ),
         (
             slice(
+                "profile",
+                json!({"mode": "MIG", "slices": 3, "migProfile": "1g.10gb", "migPlacementStart": 0}),
+            ),
+            "migProfile must have as many compute slices as slices",
+        ),
+        (
+            slice(
                 "mixed",
                 json!({"mode": "MIG", "slices": 3, "migProfile": "3g.40gb", "migPlacementStart": 0, "core": 50}),
             ),

@@ -9,12 +9,12 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use runtimekit_contract::allocation::Allocation;
 use runtimekit_contract::{RuntimeKitConfig, parse_pod};
 use runtimekit_crds::{
     CardHealth, CardStatus, GangGroup, GangPhase, GpuSlice, NicStatus, SliceMode, TopologyGroup,
-    Vendor,
+    Vendor, parse_slice_memory,
 };
 use runtimekit_e2e::harness::Test;
 use runtimekit_e2e::{FakeNode, TestContext, tests};
@@ -36,58 +36,129 @@ pub const TESTS: &[Test] = tests![
     seven_worker_jobset_gang,
     gang_that_cannot_fit_stays_pending,
     gang_with_missing_members_times_out,
+    gang_that_never_runs_is_rolled_back,
     contract_violations_are_reported,
     stale_agent_cards_are_withheld,
+    metrics_and_readiness_are_served,
+    apiserver_restart_loses_and_duplicates_nothing,
     operator_killed_mid_burst_loses_nothing,
     standby_takes_over_when_the_leader_dies,
 ];
 
-/// An operator running inside the test process.
+/// An operator running inside the test process, on a runtime of its own so that killing it
+/// ends every task it started, as a crash of its process would.
 struct Operator {
     shutdown: Option<oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<Result<()>>,
+    /// Taken when the operator is stopped or killed; a runtime may not be dropped in async code.
+    runtime: Option<tokio::runtime::Runtime>,
+    listen: std::net::SocketAddr,
 }
 
+impl Drop for Operator {
+    /// A test that fails early leaves its operator behind: end it as a crash would.
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+/// The namespace the operator runs in (its Leases live there).
+const OPERATOR_NAMESPACE: &str = "runtimekit-system";
+
 impl Operator {
+    /// Starts an operator with short Lease timings, so tests do not wait for takeovers.
     async fn start(ctx: &TestContext, identity: &str) -> Result<Operator> {
+        let timing = Timing {
+            lease_duration: Duration::from_secs(4),
+            renew_deadline: Duration::from_secs(3),
+            retry_period: Duration::from_millis(500),
+        };
+        Operator::start_with(ctx, identity, timing).await
+    }
+
+    async fn start_with(ctx: &TestContext, identity: &str, timing: Timing) -> Result<Operator> {
         // Pods name the lj-runtime RuntimeClass, which admission requires to exist.
         let runtime_class =
             runtimekit_e2e::tools::repo_root().join("config/runtime/runtimeclass.yaml");
         ctx.kubectl_ok(&["apply", "-f", &runtime_class.to_string_lossy()], None)?;
+        // The operator runs as its ServiceAccount with exactly the RBAC users deploy, so a
+        // missing permission fails here as it would in a cluster.
+        let namespace = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": OPERATOR_NAMESPACE}});
+        ctx.kubectl_ok(&["apply", "-f", "-"], Some(&namespace.to_string()))?;
+        let rbac = runtimekit_e2e::tools::repo_root().join("config/operator/rbac.yaml");
+        ctx.kubectl_ok(
+            &[
+                "apply",
+                "--namespace",
+                OPERATOR_NAMESPACE,
+                "-f",
+                &rbac.to_string_lossy(),
+            ],
+            None,
+        )?;
+        let client = ctx
+            .client_for(
+                &format!("system:serviceaccount:{OPERATOR_NAMESPACE}:runtimekit-operator"),
+                &[
+                    "system:serviceaccounts",
+                    &format!("system:serviceaccounts:{OPERATOR_NAMESPACE}"),
+                    "system:authenticated",
+                ],
+            )
+            .await?;
         let listen = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
         let options = RunOptions {
             config: None,
             listen,
             identity: identity.into(),
-            namespace: ctx.namespace.clone(),
-            lease: "lj-runtimekit-scheduler".into(),
-            timing: Timing {
-                lease_duration: Duration::from_secs(4),
-                renew_deadline: Duration::from_secs(3),
-                retry_period: Duration::from_millis(500),
-            },
+            namespace: OPERATOR_NAMESPACE.into(),
+            // One Lease per test, so a test's operators never see another test's.
+            lease: ctx.namespace.clone(),
+            timing,
         };
         let (tx, rx) = oneshot::channel();
-        let client = ctx.client.clone();
-        let task = tokio::spawn(run_with(client, options, async move {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name(identity)
+            .enable_all()
+            .build()?;
+        let task = runtime.spawn(run_with(client, options, async move {
             let _ = rx.await;
         }));
         Ok(Operator {
             shutdown: Some(tx),
             task,
+            runtime: Some(runtime),
+            listen,
         })
     }
 
-    /// Stops it as a crash would: no lease release, writes in flight dropped.
+    /// GETs one of the operator's HTTP endpoints.
+    fn get(&self, path: &str) -> Result<String> {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(self.listen)?;
+        write!(
+            stream,
+            "GET {path} HTTP/1.0\r\nHost: {}\r\n\r\n",
+            self.listen
+        )?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response)?;
+        Ok(response)
+    }
+
+    /// Stops it as a crash would: no lease release, every write in flight dropped.
     fn kill(self) {
-        self.task.abort();
+        drop(self);
     }
 
     async fn stop(mut self) -> Result<()> {
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
         }
-        self.task.await.context("operator task")?
+        (&mut self.task).await.context("operator task")?
     }
 }
 
@@ -142,11 +213,24 @@ async fn gpu_node(
     nics: Vec<NicStatus>,
     labels: &[(&str, &str)],
 ) -> Result<String> {
-    let mut node = FakeNode::new(name).label("lj_runtimekit_enable", "true");
+    let mut node = FakeNode::new(name);
     for (k, v) in labels {
         node = node.label(k, v);
     }
-    let node = ctx.fake_node(node).await?;
+    reporting_node(ctx, node, cards, nics).await
+}
+
+/// Creates `node` for GPU pods with the TopologyGroup status its agent would write; returns its
+/// name.
+async fn reporting_node(
+    ctx: &TestContext,
+    node: FakeNode,
+    cards: Vec<CardStatus>,
+    nics: Vec<NicStatus>,
+) -> Result<String> {
+    let node = ctx
+        .fake_node(node.label("lj_runtimekit_enable", "true"))
+        .await?;
     let node_name = node.name_any();
     let groups = ctx.cluster_api::<TopologyGroup>();
     let params = PatchParams::apply("e2e-agent").force();
@@ -234,6 +318,20 @@ where
     stopped?;
     invariants(&ctx).await?;
     delete_groups(&ctx).await
+}
+
+/// Waits for an Event matching the field selector whose line contains `text` (the operator
+/// publishes Events in the background).
+async fn event(ctx: &TestContext, selector: &str, text: &str) -> Result<()> {
+    ctx.wait_for(
+        &format!("an event ({selector}) saying {text:?}"),
+        Duration::from_secs(20),
+        || async {
+            let events = ctx.kubectl_ok(&["get", "events", "--field-selector", selector], None)?;
+            Ok(events.contains(text).then_some(()))
+        },
+    )
+    .await
 }
 
 /// Deletes the TopologyGroups a test created (they are cluster-scoped, named after its nodes).
@@ -589,19 +687,7 @@ async fn gang_that_cannot_fit_stays_pending(ctx: TestContext) -> Result<()> {
                 .is_empty(),
             "nothing is reserved"
         );
-        let events = ctx.kubectl_ok(
-            &[
-                "get",
-                "events",
-                "--field-selector",
-                "reason=FailedScheduling",
-            ],
-            None,
-        )?;
-        ensure!(
-            events.contains("gang big"),
-            "members carry the reason: {events}"
-        );
+        event(&ctx, "reason=FailedScheduling", "gang big").await?;
         Ok(())
     })
     .await
@@ -626,6 +712,75 @@ async fn gang_with_missing_members_times_out(ctx: TestContext) -> Result<()> {
             .await?;
         ensure!(status.message.as_deref().is_some_and(|m| m.contains("rolled back")), "{status:?}");
         ensure!(ctx.api::<GpuSlice>().list(&ListParams::default()).await?.items.is_empty(), "no reservation is left");
+        Ok(())
+    })
+    .await
+}
+
+async fn gang_that_never_runs_is_rolled_back(ctx: TestContext) -> Result<()> {
+    with_operator(ctx, |ctx| async move {
+        // A Ready node whose kubelet hangs: pods bound there never start.
+        let hung = FakeNode::new("h800").hung();
+        reporting_node(&ctx, hung, h800_node(), vec![]).await?;
+        let gang = json!({"apiVersion": "runtimekit.aliyun.com/v1alpha1", "kind": "GangGroup", "metadata": {"name": "stuck"}, "spec": {"minMember": 2, "timeoutSeconds": 4}});
+        ctx.kubectl_ok(&["apply", "-f", "-"], Some(&gang.to_string()))?;
+        for i in 0..2 {
+            let mut pod = gpu_pod(&format!("m{i}"), json!({"nvidia.com/gpu": "1"}));
+            pod["metadata"]["labels"] =
+                json!({"aliyun.com/min-member": "2", "aliyun.com/gang-name": "stuck"});
+            create_pod(&ctx, pod).await?;
+        }
+        let gangs = ctx.api::<GangGroup>();
+        let slices = ctx.api::<GpuSlice>();
+        let live_slices = || async {
+            let list = slices.list(&ListParams::default()).await?.items;
+            anyhow::Ok(
+                list.into_iter()
+                    .filter(|s| s.metadata.deletion_timestamp.is_none())
+                    .count(),
+            )
+        };
+        // The whole gang is reserved and bound...
+        ctx.wait_for("both members bound", Duration::from_secs(20), || async {
+            let status = gangs.get("stuck").await?.status.unwrap_or_default();
+            Ok(status.members.filter(|m| m.bound == 2).map(|_| ()))
+        })
+        .await?;
+        ensure!(live_slices().await? == 2, "one slice per member");
+        // ...but never runs, so the attempt times out and every reservation is rolled back.
+        let status = ctx
+            .wait_for("the gang to time out", Duration::from_secs(30), || async {
+                let status = gangs.get("stuck").await?.status.unwrap_or_default();
+                Ok((status.phase == Some(GangPhase::TimedOut) && status.attempts >= 1)
+                    .then_some(status))
+            })
+            .await?;
+        ensure!(
+            status
+                .message
+                .as_deref()
+                .is_some_and(|m| m.contains("0 of 2 running") && m.contains("rolled back")),
+            "{status:?}"
+        );
+        ensure!(status.placement.is_none(), "the placement is cleared: {status:?}");
+        let pods = ctx.api::<Pod>();
+        ctx.wait_for("the members to be deleted", Duration::from_secs(20), || async {
+            let list = pods.list(&ListParams::default()).await?.items;
+            Ok(list
+                .iter()
+                .all(|p| p.metadata.deletion_timestamp.is_some())
+                .then_some(()))
+        })
+        .await?;
+        // The hung node never confirms the deletions: finish them as its kubelet would.
+        for name in ["m0", "m1"] {
+            pods.delete(name, &DeleteParams { grace_period_seconds: Some(0), ..DeleteParams::default() })
+                .await?;
+        }
+        ctx.wait_for("the slices to be released", Duration::from_secs(20), || async {
+            Ok((live_slices().await? == 0).then_some(()))
+        })
+        .await?;
         Ok(())
     })
     .await
@@ -687,19 +842,12 @@ async fn contract_violations_are_reported(ctx: TestContext) -> Result<()> {
             "{message}"
         );
         bound(&ctx, "core-zero").await?;
-        let events = ctx.kubectl_ok(
-            &[
-                "get",
-                "events",
-                "--field-selector",
-                "involvedObject.name=core-zero",
-            ],
-            None,
-        )?;
-        ensure!(
-            events.contains("GpuCoreZero"),
-            "core 0 is flagged: {events}"
-        );
+        event(
+            &ctx,
+            "involvedObject.name=core-zero,type=Warning",
+            "GpuCoreZero",
+        )
+        .await?;
         Ok(())
     })
     .await
@@ -769,6 +917,121 @@ async fn stale_agent_cards_are_withheld(ctx: TestContext) -> Result<()> {
     .await
 }
 
+async fn metrics_and_readiness_are_served(ctx: TestContext) -> Result<()> {
+    gpu_node(&ctx, "h800", h800_node(), vec![], &[]).await?;
+    let operator = Operator::start(&ctx, "op-metrics").await?;
+    ctx.wait_for("/readyz to answer 200", Duration::from_secs(20), || async {
+        Ok(operator
+            .get("/readyz")
+            .ok()
+            .filter(|r| r.starts_with("HTTP/1.0 200")))
+    })
+    .await?;
+    ensure!(operator.get("/healthz")?.starts_with("HTTP/1.0 200"));
+    create_pod(&ctx, gpu_pod("counted", json!({"nvidia.com/gpu": "1"}))).await?;
+    create_pod(
+        &ctx,
+        gpu_pod("broken", json!({"aliyun.com/gpu-slice": "5"})),
+    )
+    .await?;
+    bound(&ctx, "counted").await?;
+    let metrics = ctx
+        .wait_for(
+            "the attempts to be counted",
+            Duration::from_secs(20),
+            || async {
+                let metrics = operator.get("/metrics")?;
+                Ok(metrics
+                    .contains(
+                        r#"runtimekit_operator_scheduling_attempts_total{result="Invalid"} 1"#,
+                    )
+                    .then_some(metrics))
+            },
+        )
+        .await?;
+    for expected in [
+        r#"runtimekit_operator_scheduling_attempts_total{result="Scheduled"} 1"#,
+        "runtimekit_operator_decision_seconds_count",
+        "runtimekit_operator_create_to_bound_seconds_bucket",
+        "runtimekit_operator_binding_seconds_sum",
+        "runtimekit_operator_queue_depth",
+        r#"runtimekit_operator_gangs{phase="Running"} 0"#,
+    ] {
+        ensure!(
+            metrics.contains(expected),
+            "/metrics lacks {expected:?}:\n{metrics}"
+        );
+    }
+    operator.stop().await?;
+    invariants(&ctx).await?;
+    delete_groups(&ctx).await
+}
+
+async fn apiserver_restart_loses_and_duplicates_nothing(ctx: TestContext) -> Result<()> {
+    for i in 0..2 {
+        let cards = (0..8)
+            .map(|c| nvidia(c, "H800", 80, false, c / 2))
+            .collect();
+        gpu_node(&ctx, &format!("n{i}"), cards, vec![], &[]).await?;
+    }
+    // The deployment's Lease timings: an outage shorter than the renew deadline keeps the
+    // leader; a longer one ends the process and its Deployment starts it again. Either way
+    // nothing may be lost or written twice.
+    let mut operator = Operator::start_with(&ctx, "op-a", Timing::default()).await?;
+    for i in 0..10 {
+        create_pod(
+            &ctx,
+            gpu_pod(&format!("before-{i}"), json!({"nvidia.com/gpu": "1"})),
+        )
+        .await?;
+    }
+    ctx.restart_apiserver(Duration::from_secs(3)).await?;
+    if operator.task.is_finished() {
+        let ended = operator.stop().await;
+        eprintln!("the operator ended during the outage ({ended:?}); starting it again");
+        operator = Operator::start_with(&ctx, "op-a", Timing::default()).await?;
+    }
+    for i in 0..10 {
+        create_pod(
+            &ctx,
+            gpu_pod(
+                &format!("after-{i}"),
+                json!({"aliyun.com/gpu-core": "50", "aliyun.com/gpu-memory": "8"}),
+            ),
+        )
+        .await?;
+    }
+    let pods = ctx.api::<Pod>();
+    ctx.wait_for(
+        "all 20 pods bound after the apiserver came back",
+        Duration::from_secs(90),
+        || async {
+            let list = pods.list(&ListParams::default()).await?;
+            Ok((list
+                .items
+                .iter()
+                .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some())
+                .count()
+                == 20)
+                .then_some(()))
+        },
+    )
+    .await?;
+    let slices = ctx
+        .api::<GpuSlice>()
+        .list(&ListParams::default())
+        .await?
+        .items;
+    ensure!(
+        slices.len() == 20,
+        "one slice per pod, no duplicates: {}",
+        slices.len()
+    );
+    operator.stop().await?;
+    invariants(&ctx).await?;
+    delete_groups(&ctx).await
+}
+
 async fn operator_killed_mid_burst_loses_nothing(ctx: TestContext) -> Result<()> {
     // 32 cards, no MIG: the burst's 20 whole cards and 20 shares of 30 % (7 cards) all fit.
     for i in 0..4 {
@@ -778,30 +1041,52 @@ async fn operator_killed_mid_burst_loses_nothing(ctx: TestContext) -> Result<()>
         gpu_node(&ctx, &format!("n{i}"), cards, vec![], &[]).await?;
     }
     let operator = Operator::start(&ctx, "op-a").await?;
-    for i in 0..40 {
-        let limits = if i % 2 == 0 {
+    let limits = |i: usize| {
+        if i.is_multiple_of(2) {
             json!({"nvidia.com/gpu": "1"})
         } else {
             json!({"aliyun.com/gpu-core": "30", "aliyun.com/gpu-memory": "8"})
-        };
-        create_pod(&ctx, gpu_pod(&format!("burst-{i}"), limits)).await?;
-    }
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    operator.kill();
-    let restarted = Operator::start(&ctx, "op-b").await?;
+        }
+    };
     let pods = ctx.api::<Pod>();
+    let count_bound = || async {
+        let list = pods.list(&ListParams::default()).await?;
+        anyhow::Ok(
+            list.items
+                .iter()
+                .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some())
+                .count(),
+        )
+    };
+    // The burst is created while the operator binds it; the operator is killed as soon as five
+    // pods are bound, with creations and writes still in flight.
+    let create = async {
+        for i in 0..40 {
+            create_pod(&ctx, gpu_pod(&format!("burst-{i}"), limits(i))).await?;
+        }
+        anyhow::Ok(())
+    };
+    let kill = async {
+        let bound = ctx
+            .wait_for("five bindings", Duration::from_secs(30), || async {
+                Ok(Some(count_bound().await?).filter(|bound| *bound >= 5))
+            })
+            .await?;
+        operator.kill();
+        anyhow::Ok(bound)
+    };
+    let (created, bound_at_kill) = futures::join!(create, kill);
+    created?;
+    let bound_at_kill = bound_at_kill?;
+    ensure!(
+        bound_at_kill < 40,
+        "the kill came after the whole burst was bound, so it tests nothing"
+    );
+    let restarted = Operator::start(&ctx, "op-b").await?;
     ctx.wait_for(
         "all 40 pods bound after the restart",
         Duration::from_secs(60),
-        || async {
-            let list = pods.list(&ListParams::default()).await?;
-            let bound = list
-                .items
-                .iter()
-                .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some())
-                .count();
-            Ok((bound == 40).then_some(()))
-        },
+        || async { Ok((count_bound().await? == 40).then_some(())) },
     )
     .await?;
     restarted.stop().await?;
@@ -811,10 +1096,11 @@ async fn operator_killed_mid_burst_loses_nothing(ctx: TestContext) -> Result<()>
 
 async fn standby_takes_over_when_the_leader_dies(ctx: TestContext) -> Result<()> {
     gpu_node(&ctx, "h800", h800_node(), vec![], &[]).await?;
-    let leader = Operator::start(&ctx, "op-leader").await?;
+    // The timings a deployment uses: the takeover must happen within 15 s of them.
+    let leader = Operator::start_with(&ctx, "op-leader", Timing::default()).await?;
     create_pod(&ctx, gpu_pod("before", json!({"nvidia.com/gpu": "1"}))).await?;
     bound(&ctx, "before").await?;
-    let standby = Operator::start(&ctx, "op-standby").await?;
+    let standby = Operator::start_with(&ctx, "op-standby", Timing::default()).await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
     leader.kill();
     let killed = std::time::Instant::now();
@@ -829,7 +1115,9 @@ async fn standby_takes_over_when_the_leader_dies(ctx: TestContext) -> Result<()>
         &[
             "get",
             "lease",
-            "lj-runtimekit-scheduler",
+            &ctx.namespace,
+            "--namespace",
+            OPERATOR_NAMESPACE,
             "-o",
             "jsonpath={.spec.holderIdentity}",
         ],
@@ -936,6 +1224,18 @@ async fn invariants(ctx: &TestContext) -> Result<()> {
             core <= 100,
             "card {card} of {node} has {core}% core allocated"
         );
+        if on_card[0].spec.mode == SliceMode::Tdm {
+            let memory: u64 = on_card
+                .iter()
+                .filter_map(|s| s.spec.memory.as_deref())
+                .map(|m| parse_slice_memory(m).context("slice memory"))
+                .sum::<Result<u64>>()?;
+            let capacity = models.get(&(node.clone(), card)).map(|m| m.1);
+            ensure!(
+                capacity.is_none_or(|capacity| memory <= capacity),
+                "card {card} of {node} has {memory} MiB allocated of {capacity:?}"
+            );
+        }
         let mut mask = 0u8;
         for slice in on_card.iter().filter(|s| s.spec.mode == SliceMode::Mig) {
             let (model, memory) = models

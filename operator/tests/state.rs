@@ -1,0 +1,315 @@
+//! The operator's state without an apiserver: nodes, TopologyGroups, pods and GpuSlices applied
+//! as the watches deliver them, then decisions, per-pod backoff, retries when capacity frees, and
+//! the rebuild of a restarted operator from GpuSlices.
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::jiff::Timestamp;
+use runtimekit_contract::RuntimeKitConfig;
+use runtimekit_crds::{
+    CardHealth, CardStatus, GpuSlice, TopologyGroup, TopologyGroupSpec, TopologyGroupStatus, Vendor,
+};
+use runtimekit_operator::scheduler::slices_and_allocation;
+use runtimekit_operator::state::{Binding, Outcome, State};
+use serde_json::json;
+use std::time::{Duration, Instant};
+
+fn node(name: &str) -> Node {
+    let resources = json!({"cpu": "64", "memory": "512Gi", "pods": "110"});
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "lj_runtimekit_enable": "true"}},
+        "status": {"capacity": resources, "allocatable": resources,
+                   "conditions": [{"type": "Ready", "status": "True"}]},
+    }))
+    .expect("node")
+}
+
+/// The node-tier TopologyGroup an agent writes for `node` with `cards` H800 cards.
+fn group(node: &str, cards: u32, heartbeat: Timestamp) -> TopologyGroup {
+    let spec: TopologyGroupSpec =
+        serde_json::from_value(json!({"tier": "Node", "nodeName": node})).expect("spec");
+    let mut group = TopologyGroup::new(node, spec);
+    group.status = Some(TopologyGroupStatus {
+        cards: (0..cards)
+            .map(|index| CardStatus {
+                index,
+                uuid: format!("GPU-{node}-{index}"),
+                vendor: Vendor::Nvidia,
+                model: "NVIDIA H800".into(),
+                memory_mib: 80 * 1024,
+                mig_capable: true,
+                mig_enabled: false,
+                health: CardHealth::Healthy,
+                health_reason: None,
+                pcie_switch: Some(format!("sw{}", index / 2)),
+                numa_node: Some(0),
+                socket: Some(0),
+                interconnect_group: None,
+                nvlink_peers: vec![],
+                mig_instances: vec![],
+            })
+            .collect(),
+        heartbeat_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            heartbeat,
+        )),
+        ..TopologyGroupStatus::default()
+    });
+    group
+}
+
+/// A pending pod of our scheduler with `limits`, created `age` seconds ago.
+fn pod(name: &str, limits: serde_json::Value, age: i64) -> Pod {
+    let created = Timestamp::now()
+        .checked_sub(k8s_openapi::jiff::SignedDuration::from_secs(age))
+        .expect("time");
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}"),
+                     "creationTimestamp": created.to_string()},
+        "spec": {"schedulerName": "lj-runtimekit-scheduler", "runtimeClassName": "lj-runtime",
+                 "containers": [{"name": "app", "image": "busybox",
+                                 "resources": {"limits": limits}}]},
+    }))
+    .expect("pod")
+}
+
+fn whole() -> serde_json::Value {
+    json!({"nvidia.com/gpu": "1"})
+}
+
+/// A state with one node of `cards` cards and its agent reporting, fully synced.
+fn cluster(cards: u32) -> State {
+    let mut state = State::new(RuntimeKitConfig::default());
+    state.apply_node(&node("n1"));
+    state.apply_group(&group("n1", cards, Timestamp::now()), Timestamp::now());
+    state.refresh_topology();
+    state.pods_synced();
+    state
+}
+
+fn bind(state: &mut State, uid: &str, now: Instant) -> Binding {
+    match state.schedule(uid, now) {
+        Outcome::Bind(binding) => *binding,
+        other => panic!("{uid} should be placed: {other:?}"),
+    }
+}
+
+/// What the watches deliver once a binding landed: the pod on its node and its slices.
+fn land(state: &mut State, binding: &Binding) -> (Pod, Vec<GpuSlice>) {
+    let (slices, _) = slices_and_allocation(&binding.pod, &binding.decision);
+    let mut pod = (*binding.pod).clone();
+    pod.spec.as_mut().expect("spec").node_name = Some(binding.decision.node.clone());
+    let uid = pod.metadata.uid.clone().expect("uid");
+    state.bound(&uid);
+    for slice in &slices {
+        state.apply_slice(slice);
+    }
+    state.apply_pod(&pod);
+    (pod, slices)
+}
+
+#[test]
+fn pending_pods_are_decided_oldest_first() {
+    let mut state = cluster(2);
+    state.apply_pod(&pod("young", whole(), 1));
+    state.apply_pod(&pod("old", whole(), 60));
+    state.apply_pod(&pod("middle", whole(), 30));
+    assert_eq!(
+        state.ready(Instant::now(), 10),
+        ["uid-old", "uid-middle", "uid-young"]
+    );
+    assert_eq!(state.ready(Instant::now(), 2), ["uid-old", "uid-middle"]);
+}
+
+#[test]
+fn a_pod_that_does_not_fit_backs_off_and_retries_when_capacity_frees() {
+    let mut state = cluster(1);
+    let now = Instant::now();
+    state.apply_pod(&pod("first", whole(), 10));
+    state.apply_pod(&pod("second", whole(), 5));
+    let first = bind(&mut state, "uid-first", now);
+    let (first_pod, first_slices) = land(&mut state, &first);
+
+    // The only card is taken: the second pod waits 2 s, then 4 s, each time with the reason
+    // reported only when it changes.
+    let Outcome::Unschedulable { message, changed } = state.schedule("uid-second", now) else {
+        panic!("the second pod cannot fit");
+    };
+    assert!(changed);
+    assert!(
+        message.starts_with("0/1 nodes are available: 1 "),
+        "{message}"
+    );
+    assert!(state.ready(now, 10).is_empty(), "backing off");
+    assert!(
+        state
+            .ready(now + Duration::from_millis(1900), 10)
+            .is_empty()
+    );
+    let retry = now + Duration::from_secs(2);
+    assert_eq!(state.ready(retry, 10), ["uid-second"]);
+    let Outcome::Unschedulable { changed, .. } = state.schedule("uid-second", retry) else {
+        panic!("still no room");
+    };
+    assert!(!changed, "the same reason is not reported twice");
+    assert!(
+        state
+            .ready(retry + Duration::from_millis(3900), 10)
+            .is_empty()
+    );
+    assert_eq!(
+        state.ready(retry + Duration::from_secs(4), 10),
+        ["uid-second"]
+    );
+
+    // The first pod ends: its slice is released, and only when the slice is gone does the
+    // capacity return and the waiting pod try again soon, long before its backoff ends.
+    let mut ended = first_pod.clone();
+    ended.status = Some(serde_json::from_value(json!({"phase": "Succeeded"})).expect("status"));
+    state.apply_pod(&ended);
+    let work = state.take_work();
+    assert_eq!(work.release.len(), 1, "the ended pod's slice is released");
+    let Outcome::Unschedulable { .. } = state.schedule("uid-second", retry) else {
+        panic!("the card is still held while its slice is being released");
+    };
+    let slice = &first_slices[0];
+    state.delete_slice(
+        slice.metadata.namespace.as_deref().expect("namespace"),
+        slice.metadata.name.as_deref().expect("name"),
+    );
+    assert!(state.take_capacity_freed());
+    let later = retry + Duration::from_millis(10);
+    state.retry_soon(later);
+    assert_eq!(
+        state.ready(later + Duration::from_millis(200), 10),
+        ["uid-second"]
+    );
+    let second = bind(&mut state, "uid-second", later);
+    assert_eq!(second.decision.containers[0].cards[0].index, 0);
+}
+
+#[test]
+fn a_restarted_operator_rebuilds_allocations_from_slices() {
+    let mut before = cluster(2);
+    let now = Instant::now();
+    before.apply_pod(&pod("a", whole(), 10));
+    let a = bind(&mut before, "uid-a", now);
+    let (a_pod, a_slices) = land(&mut before, &a);
+
+    // A new operator sees the same objects, in watch order: slices may come before pods.
+    let mut after = State::new(RuntimeKitConfig::default());
+    for slice in &a_slices {
+        after.apply_slice(slice);
+    }
+    after.apply_node(&node("n1"));
+    after.apply_group(&group("n1", 2, Timestamp::now()), Timestamp::now());
+    after.refresh_topology();
+    after.apply_pod(&a_pod);
+    after.pods_synced();
+    assert!(
+        after.take_work().release.is_empty(),
+        "a live pod's slices are not orphans"
+    );
+    after.apply_pod(&pod("b", whole(), 5));
+    after.apply_pod(&pod("c", whole(), 1));
+    let b = bind(&mut after, "uid-b", now);
+    assert_ne!(
+        b.decision.containers[0].cards[0].index, a.decision.containers[0].cards[0].index,
+        "the card held by a's slice is not handed out again"
+    );
+    land(&mut after, &b);
+    let Outcome::Unschedulable { .. } = after.schedule("uid-c", now) else {
+        panic!("both cards are held");
+    };
+}
+
+#[test]
+fn slices_without_a_live_pod_are_released_after_the_first_full_list() {
+    let mut before = cluster(1);
+    before.apply_pod(&pod("gone", whole(), 10));
+    let gone = bind(&mut before, "uid-gone", Instant::now());
+    let (_, slices) = land(&mut before, &gone);
+
+    let mut after = State::new(RuntimeKitConfig::default());
+    after.apply_node(&node("n1"));
+    after.apply_group(&group("n1", 1, Timestamp::now()), Timestamp::now());
+    for slice in &slices {
+        after.apply_slice(slice);
+    }
+    assert!(
+        after.take_work().release.is_empty(),
+        "nothing is released before the pods are listed"
+    );
+    after.pods_synced();
+    let released = after.take_work().release;
+    assert_eq!(released.len(), 1, "the orphan is released: {released:?}");
+}
+
+#[test]
+fn a_stale_agent_has_its_cards_withheld() {
+    let mut state = State::new(RuntimeKitConfig::default());
+    state.apply_node(&node("n1"));
+    let old = Timestamp::now()
+        .checked_sub(k8s_openapi::jiff::SignedDuration::from_secs(180))
+        .expect("time");
+    state.apply_group(&group("n1", 1, old), Timestamp::now());
+    state.refresh_topology();
+    state.pods_synced();
+    state.apply_pod(&pod("p", whole(), 1));
+    let Outcome::Unschedulable { message, .. } = state.schedule("uid-p", Instant::now()) else {
+        panic!("the stale node's cards are not offered");
+    };
+    assert!(message.starts_with("0/1 nodes are available"), "{message}");
+    state.apply_group(&group("n1", 1, Timestamp::now()), Timestamp::now());
+    bind(&mut state, "uid-p", Instant::now() + Duration::from_secs(2));
+}
+
+#[test]
+fn a_broken_request_is_reported_once_with_the_contract_message() {
+    let mut state = cluster(1);
+    let now = Instant::now();
+    state.apply_pod(&pod("bad", json!({"aliyun.com/gpu-slice": "5"}), 1));
+    let Outcome::Invalid {
+        message,
+        reason,
+        changed,
+    } = state.schedule("uid-bad", now)
+    else {
+        panic!("the request breaks the contract");
+    };
+    assert!(changed);
+    assert_eq!(reason, "InvalidGpuSlice");
+    assert!(
+        message.contains("aliyun.com/gpu-slice must be one of 1, 2, 3, 4, 7; got 5"),
+        "{message}"
+    );
+    assert!(
+        state.ready(now + Duration::from_secs(30), 10).is_empty(),
+        "a broken pod is retried rarely"
+    );
+    state.retry_soon(now);
+    assert!(
+        state.ready(now + Duration::from_secs(1), 10).is_empty(),
+        "freed capacity does not help a broken pod"
+    );
+}
+
+#[test]
+fn a_pod_whose_binding_landed_is_not_decided_again_before_the_watch_shows_it() {
+    let mut state = cluster(2);
+    let now = Instant::now();
+    state.apply_pod(&pod("p", whole(), 1));
+    let binding = bind(&mut state, "uid-p", now);
+    // The Binding was accepted; the watch has not delivered the bound pod yet.
+    state.bound("uid-p");
+    assert!(state.ready(now, 10).is_empty(), "not offered again");
+    assert!(
+        matches!(state.schedule("uid-p", now), Outcome::Skip),
+        "not decided again"
+    );
+    land(&mut state, &binding);
+    assert!(
+        !state.in_flight("uid-p"),
+        "done once the watch shows it bound"
+    );
+}
