@@ -103,13 +103,17 @@ fn check_document(file: &Path, doc: &Value, config: &RuntimeKitConfig) -> usize 
         println!("{}: {}", file.display(), candidate.what);
         let result = parse_pod(&candidate.pod, config).and_then(|request| {
             if let (Some(gang), Some((job, parallelism))) = (&request.gang, &candidate.job) {
-                check_gang_size(&names, gang, job, *parallelism).map_err(|violation| {
-                    ContractError {
-                        findings: vec![runtimekit_contract::Finding {
-                            container: None,
-                            violation,
-                        }],
-                    }
+                check_gang_size(
+                    &names,
+                    gang,
+                    &format!("replicated job {job:?}"),
+                    *parallelism,
+                )
+                .map_err(|violation| ContractError {
+                    findings: vec![runtimekit_contract::Finding {
+                        container: None,
+                        violation,
+                    }],
                 })?;
             }
             Ok(request)

@@ -18,7 +18,7 @@ use runtimekit_crds::{
     GangGroup, GangGroupSpec, GangGroupStatus, GangMembers, GangPhase, GpuSlice, SlicePhase, Tier,
     set_condition,
 };
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -74,8 +74,9 @@ struct Controller {
     shared: Arc<Shared>,
     client: Client,
     reports: Reports,
-    /// The last message reported to each gang's members, to report changes only.
-    reported: BTreeMap<(String, String), String>,
+    /// The last message reported to each gang's members and which members got it, so each
+    /// member hears each change once, members that arrive later included.
+    reported: BTreeMap<(String, String), (String, BTreeSet<String>)>,
 }
 
 /// A snapshot of one gang, taken under the lock.
@@ -337,9 +338,14 @@ impl Controller {
             job_set: Some(job_set.clone()),
             min_member: gang.spec.min_member,
         };
-        runtimekit_contract::check_gang_size(&names, &membership, job_set, parallelism)
-            .err()
-            .map(|v| v.to_string())
+        runtimekit_contract::check_gang_size(
+            &names,
+            &membership,
+            &format!("JobSet {job_set:?}"),
+            parallelism,
+        )
+        .err()
+        .map(|v| v.to_string())
     }
 
     fn place(
@@ -426,14 +432,19 @@ impl Controller {
         message: &str,
     ) {
         let key = (namespace.to_owned(), name.to_owned());
-        if self.reported.get(&key).map(String::as_str) == Some(message) {
-            return;
+        let (last, told) = self.reported.entry(key).or_default();
+        if last != message {
+            *last = message.to_owned();
+            told.clear();
         }
-        self.reported.insert(key, message.to_owned());
         let text = format!("gang {name}: {message}");
+        let untold: Vec<&Member> = snapshot
+            .members
+            .iter()
+            .filter(|m| m.pod.is_some() && told.insert(m.uid.clone()))
+            .collect();
         join_all(
-            snapshot
-                .members
+            untold
                 .iter()
                 .filter_map(|m| m.pod.as_ref())
                 .map(|pod| self.reports.unschedulable(pod, reason, &text)),

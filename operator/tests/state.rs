@@ -87,11 +87,13 @@ fn cluster(cards: u32) -> State {
     state
 }
 
+/// Decides `uid`, which must be placed (the error is the outcome it got instead).
 fn bind(state: &mut State, uid: &str, now: Instant) -> Binding {
     match state.schedule(uid, now) {
-        Outcome::Bind(binding) => *binding,
-        other => panic!("{uid} should be placed: {other:?}"),
+        Outcome::Bind(binding) => Ok(*binding),
+        other => Err(other),
     }
+    .expect("the pod is placed")
 }
 
 /// What the watches deliver once a binding landed: the pod on its node and its slices.

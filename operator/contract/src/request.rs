@@ -280,12 +280,13 @@ pub enum Violation {
     WrongRuntimeClass { expected: String, got: String },
     /// A JobSet gang whose min-member differs from its parallelism.
     #[error(
-        "label {label} is {min_member} but the replicated job {job:?} runs {parallelism} pods in parallel; they must be equal"
+        "label {label} is {min_member} but {runner} runs {parallelism} pods with it at once; they must be equal"
     )]
     MinMemberNotParallelism {
         label: String,
         min_member: u32,
-        job: String,
+        /// What runs the pods, as `JobSet "name"` or `replicated job "name"`.
+        runner: String,
         parallelism: i32,
     },
     /// An init container asks for cards.
@@ -878,13 +879,13 @@ impl Parser<'_> {
     }
 }
 
-/// Checks a JobSet gang's size: `aliyun.com/min-member` must equal the parallelism of the
-/// replicated job its pods come from, or the gang could never be complete (or would start
-/// partially).
+/// Checks a JobSet gang's size: `aliyun.com/min-member` must equal the number of pods with the
+/// label that `runner` (`JobSet "name"` or `replicated job "name"`) runs at once, or the gang
+/// could never be complete (or would start partially).
 pub fn check_gang_size(
     names: &ResourceNames,
     gang: &GangMembership,
-    job: &str,
+    runner: &str,
     parallelism: i32,
 ) -> Result<(), Violation> {
     if i64::from(gang.min_member) == i64::from(parallelism) {
@@ -893,7 +894,7 @@ pub fn check_gang_size(
     Err(Violation::MinMemberNotParallelism {
         label: names.min_member_label.clone(),
         min_member: gang.min_member,
-        job: job.into(),
+        runner: runner.into(),
         parallelism,
     })
 }

@@ -556,9 +556,12 @@ fn min_member_must_equal_the_jobs_parallelism() {
         job_set: Some("train".into()),
         min_member: 7,
     };
-    assert_eq!(check_gang_size(&names, &gang, "worker", 7), Ok(()));
     assert_eq!(
-        check_gang_size(&names, &gang, "worker", 6).map_err(|v| v.to_string()),
-        Err(r#"label aliyun.com/min-member is 7 but the replicated job "worker" runs 6 pods in parallel; they must be equal"#.to_owned())
+        check_gang_size(&names, &gang, r#"replicated job "worker""#, 7),
+        Ok(())
+    );
+    assert_eq!(
+        check_gang_size(&names, &gang, r#"replicated job "worker""#, 6).map_err(|v| v.to_string()),
+        Err(r#"label aliyun.com/min-member is 7 but replicated job "worker" runs 6 pods with it at once; they must be equal"#.to_owned())
     );
 }
