@@ -51,6 +51,15 @@ impl Harness {
             .build()?;
         let started = Instant::now();
         let cluster_dir = dir.join("cluster");
+        // Installed before anything starts: every component is recorded as it is spawned, so an
+        // interrupt during the start (or a first build of the tools) stops what is up so far.
+        let (processes_dir, recorded) = (dir.join(PROCESSES_DIR), cluster_dir.clone());
+        ctrlc::set_handler(move || {
+            eprintln!("interrupted: stopping the control plane");
+            let _ = stop_recorded(&processes_dir);
+            let _ = stop_recorded(&recorded);
+            std::process::exit(130);
+        })?;
         let cluster = runtime.block_on(Cluster::start(ClusterOptions {
             dir: cluster_dir.clone(),
             detached: false,
@@ -61,13 +70,6 @@ impl Harness {
             started.elapsed().as_secs_f64(),
             dir.display()
         );
-        let processes_dir = dir.join(PROCESSES_DIR);
-        ctrlc::set_handler(move || {
-            eprintln!("interrupted: stopping the control plane");
-            let _ = stop_recorded(&processes_dir);
-            let _ = stop_recorded(&cluster_dir);
-            std::process::exit(130);
-        })?;
         let client = runtime.block_on(cluster.client())?;
         Ok(Arc::new(Harness {
             kubeconfig: cluster.kubeconfig.clone(),
