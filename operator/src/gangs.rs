@@ -56,9 +56,7 @@ pub async fn run(shared: Arc<Shared>, client: Client, reports: Reports) {
                 *phases.entry(format!("{phase:?}")).or_default() += 1;
             }
         }
-        for phase in [
-            "Waiting", "Reserved", "Bound", "Running", "TimedOut", "Failed",
-        ] {
+        for phase in crate::metrics::GANG_PHASES {
             shared
                 .metrics
                 .set_gangs(phase, phases.get(phase).copied().unwrap_or(0));

@@ -39,6 +39,11 @@ struct PhaseLabels {
     phase: String,
 }
 
+/// The GangGroup phases the `gangs` gauge counts.
+pub const GANG_PHASES: [&str; 6] = [
+    "Waiting", "Reserved", "Bound", "Running", "TimedOut", "Failed",
+];
+
 /// Every metric the operator exports.
 #[derive(Debug)]
 pub struct Metrics {
@@ -92,6 +97,12 @@ impl Metrics {
         );
         let gangs = Family::<PhaseLabels, Gauge>::default();
         registry.register("gangs", "GangGroups by phase", gangs.clone());
+        // Every phase is served from the start, at 0 until the gang controller counts.
+        for phase in GANG_PHASES {
+            gangs.get_or_create(&PhaseLabels {
+                phase: phase.into(),
+            });
+        }
         Metrics {
             registry,
             attempts,

@@ -1006,29 +1006,26 @@ async fn metrics_and_readiness_are_served(ctx: TestContext) -> Result<()> {
     )
     .await?;
     bound(&ctx, "counted").await?;
-    ctx.wait_for(
-        "the attempts to be counted",
-        Duration::from_secs(20),
-        || async {
-            Ok(
-                (attempts("Scheduled")? > scheduled && attempts("Invalid")? > invalid)
-                    .then_some(()),
-            )
-        },
-    )
-    .await?;
-    let metrics = operator.get("/metrics")?;
-    for expected in [
+    let expected = [
         "runtimekit_operator_decision_seconds_count",
         "runtimekit_operator_create_to_bound_seconds_bucket",
         "runtimekit_operator_binding_seconds_sum",
         "runtimekit_operator_queue_depth",
         r#"runtimekit_operator_gangs{phase="Running"}"#,
-    ] {
-        ensure!(
-            metrics.contains(expected),
-            "/metrics lacks {expected:?}:\n{metrics}"
-        );
+    ];
+    let served = ctx
+        .wait_for(
+            "the attempts to be counted and every series served",
+            Duration::from_secs(20),
+            || async {
+                let metrics = operator.get("/metrics")?;
+                let counted = attempts("Scheduled")? > scheduled && attempts("Invalid")? > invalid;
+                Ok((counted && expected.iter().all(|e| metrics.contains(e))).then_some(()))
+            },
+        )
+        .await;
+    if let Err(error) = served {
+        bail!("{error:#}\n/metrics:\n{}", operator.get("/metrics")?);
     }
     operator.stop().await?;
     invariants(&ctx).await?;
