@@ -99,9 +99,11 @@ impl Metrics {
         registry.register("gangs", "GangGroups by phase", gangs.clone());
         // Every phase is served from the start, at 0 until the gang controller counts.
         for phase in GANG_PHASES {
-            gangs.get_or_create(&PhaseLabels {
-                phase: phase.into(),
-            });
+            gangs
+                .get_or_create(&PhaseLabels {
+                    phase: phase.into(),
+                })
+                .set(0);
         }
         Metrics {
             registry,
