@@ -26,9 +26,14 @@ fmt:
 lint:
     cargo clippy --workspace --all-targets --locked -- -D warnings
 
-# Every test of the workspace; the end-to-end suite starts (and first builds) a real control plane.
+# Every test of the workspace (the end-to-end suite starts a real control plane), then one line of totals.
 unit:
-    cargo test --workspace --locked
+    #!/usr/bin/env bash
+    set -euo pipefail
+    log=$(mktemp)
+    trap 'rm -f "$log"' EXIT
+    cargo test --workspace --locked 2>&1 | tee "$log"
+    awk '/^test result:/ { passed += $4; failed += $6 } END { printf "%d passed, %d failed\n", passed, failed }' "$log"
 
 # Only the end-to-end suite against a real control plane (arguments filter tests by name).
 e2e *filter:
