@@ -29,7 +29,7 @@ use tokio::task::JoinSet;
 pub struct RunOptions {
     /// The shared configuration file; defaults apply without it.
     pub config: Option<std::path::PathBuf>,
-    /// Where /metrics, /healthz and /readyz are served.
+    /// Where [`run`] serves /metrics, /healthz and /readyz ([`run_with`] takes a bound listener).
     pub listen: SocketAddr,
     /// This replica's identity in the Lease (its pod name).
     pub identity: String,
@@ -61,13 +61,19 @@ pub async fn run(options: RunOptions) -> Result<()> {
     let client = Client::try_default()
         .await
         .context("connecting to the apiserver")?;
-    run_with(client, options, shutdown_signal()).await
+    let listener = tokio::net::TcpListener::bind(options.listen)
+        .await
+        .with_context(|| format!("listening on {}", options.listen))?;
+    run_with(client, options, listener, shutdown_signal()).await
 }
 
-/// Runs with `client` until `shutdown` completes (then releases the Lease) or the Lease is lost.
+/// Runs with `client`, serving /metrics, /healthz and /readyz on `listener` (bound by the caller,
+/// so tests can take a free port without racing for it), until `shutdown` completes (then
+/// releases the Lease) or the Lease is lost.
 pub async fn run_with(
     client: Client,
     options: RunOptions,
+    listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()>,
 ) -> Result<()> {
     let config = load_config(options.config.as_deref())?;
@@ -78,9 +84,8 @@ pub async fn run_with(
     ));
 
     let mut tasks = JoinSet::new();
-    let listen = options.listen;
     tasks.spawn(async move {
-        metrics::serve(listen, metrics)
+        metrics::serve(listener, metrics)
             .await
             .context("serving metrics")
     });

@@ -1098,30 +1098,9 @@ async fn node_agent_writes_only_its_own_node(ctx: TestContext) -> Result<()> {
 }
 
 async fn node_agent_enacts_what_the_operator_decides(ctx: TestContext) -> Result<()> {
-    use runtimekit_operator::leader::Timing;
-    use runtimekit_operator::run::{RunOptions, run_with};
     let node = AgentNode::start(&ctx, "op", "h800-8").await?;
-    let runtime_class = runtimekit_e2e::tools::repo_root().join("config/runtime/runtimeclass.yaml");
-    ctx.kubectl_ok(&["apply", "-f", &runtime_class.to_string_lossy()], None)?;
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let operator = tokio::spawn(run_with(
-        ctx.client.clone(),
-        RunOptions {
-            config: None,
-            listen: std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?,
-            identity: "op-agents".into(),
-            namespace: ctx.namespace.clone(),
-            lease: "lj-runtimekit-scheduler".into(),
-            timing: Timing {
-                lease_duration: Duration::from_secs(4),
-                renew_deadline: Duration::from_secs(3),
-                retry_period: Duration::from_millis(500),
-            },
-        },
-        async move {
-            let _ = stopped.await;
-        },
-    ));
+    // The operator as deployed: its own runtime and client, with the deployment's RBAC.
+    let operator = crate::operator::Operator::start(&ctx, "op-agents").await?;
     let outcome = async {
         let mig: Pod = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "mig-demo"}, "spec": {
             "schedulerName": "lj-runtimekit-scheduler", "runtimeClassName": "lj-runtime",
@@ -1152,9 +1131,11 @@ async fn node_agent_enacts_what_the_operator_decides(ctx: TestContext) -> Result
         Ok(())
     }
     .await;
-    let _ = stop.send(());
-    let stopped = tokio::time::timeout(Duration::from_secs(20), operator).await;
-    outcome?;
-    stopped.context("the operator did not stop")???;
+    let stopped = tokio::time::timeout(Duration::from_secs(20), operator.stop()).await;
+    if let Err(error) = outcome {
+        // An operator that ended early is the likelier story; say how it ended.
+        bail!("{error:#} (the operator: {stopped:?})");
+    }
+    stopped.context("the operator did not stop")??;
     Ok(())
 }

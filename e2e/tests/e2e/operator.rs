@@ -48,7 +48,7 @@ pub const TESTS: &[Test] = tests![
 
 /// An operator running inside the test process, on a runtime of its own so that killing it
 /// ends every task it started, as a crash of its process would.
-struct Operator {
+pub(crate) struct Operator {
     shutdown: Option<oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<Result<()>>,
     /// Taken when the operator is stopped or killed; a runtime may not be dropped in async code.
@@ -70,7 +70,7 @@ const OPERATOR_NAMESPACE: &str = "runtimekit-system";
 
 impl Operator {
     /// Starts an operator with short Lease timings, so tests do not wait for takeovers.
-    async fn start(ctx: &TestContext, identity: &str) -> Result<Operator> {
+    pub(crate) async fn start(ctx: &TestContext, identity: &str) -> Result<Operator> {
         let timing = Timing {
             lease_duration: Duration::from_secs(4),
             renew_deadline: Duration::from_secs(3),
@@ -109,7 +109,10 @@ impl Operator {
                 ],
             )
             .await?;
-        let listen = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+        // Bound here and handed over, so no other process can take the port in between.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        listener.set_nonblocking(true)?;
+        let listen = listener.local_addr()?;
         let options = RunOptions {
             config: None,
             listen,
@@ -125,7 +128,11 @@ impl Operator {
             .thread_name(identity)
             .enable_all()
             .build()?;
-        let task = runtime.spawn(run_with(client, options, async move {
+        let listener = {
+            let _runtime = runtime.enter();
+            tokio::net::TcpListener::from_std(listener)?
+        };
+        let task = runtime.spawn(run_with(client, options, listener, async move {
             let _ = rx.await;
         }));
         Ok(Operator {
@@ -134,6 +141,18 @@ impl Operator {
             runtime: Some(runtime),
             listen,
         })
+    }
+
+    /// Waits until `/readyz` answers 200: the first full list of every kind is applied.
+    async fn wait_ready(&self, ctx: &TestContext) -> Result<()> {
+        ctx.wait_for("/readyz to answer 200", Duration::from_secs(20), || async {
+            Ok(self
+                .get("/readyz")
+                .ok()
+                .filter(|r| r.starts_with("HTTP/1.0 200"))
+                .map(|_| ()))
+        })
+        .await
     }
 
     /// GETs one of the operator's HTTP endpoints.
@@ -155,7 +174,7 @@ impl Operator {
         drop(self);
     }
 
-    async fn stop(mut self) -> Result<()> {
+    pub(crate) async fn stop(mut self) -> Result<()> {
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
         }
@@ -979,13 +998,7 @@ async fn stale_agent_cards_are_withheld(ctx: TestContext) -> Result<()> {
 async fn metrics_and_readiness_are_served(ctx: TestContext) -> Result<()> {
     gpu_node(&ctx, "h800", h800_node(), vec![], &[]).await?;
     let operator = Operator::start(&ctx, "op-metrics").await?;
-    ctx.wait_for("/readyz to answer 200", Duration::from_secs(20), || async {
-        Ok(operator
-            .get("/readyz")
-            .ok()
-            .filter(|r| r.starts_with("HTTP/1.0 200")))
-    })
-    .await?;
+    operator.wait_ready(&ctx).await?;
     ensure!(operator.get("/healthz")?.starts_with("HTTP/1.0 200"));
     // The operator sees every namespace, where earlier tests may leave pods being deleted: count
     // from what it had counted before this test's pods.
@@ -1106,6 +1119,8 @@ async fn operator_killed_mid_burst_loses_nothing(ctx: TestContext) -> Result<()>
         gpu_node(&ctx, &format!("n{i}"), cards, vec![], &[]).await?;
     }
     let operator = Operator::start(&ctx, "op-a").await?;
+    // Ready before the burst starts, so it binds the pods as they come.
+    operator.wait_ready(&ctx).await?;
     let limits = |i: usize| {
         if i.is_multiple_of(2) {
             json!({"nvidia.com/gpu": "1"})
