@@ -354,6 +354,15 @@ async fn event(ctx: &TestContext, selector: &str, text: &str) -> Result<()> {
     .await
 }
 
+/// The GpuSlices in the test's namespace.
+async fn slices(ctx: &TestContext) -> Result<Vec<GpuSlice>> {
+    Ok(ctx
+        .api::<GpuSlice>()
+        .list(&ListParams::default())
+        .await?
+        .items)
+}
+
 /// Deletes the TopologyGroups a test created (they are cluster-scoped, named after its nodes).
 async fn delete_groups(ctx: &TestContext) -> Result<()> {
     let groups = ctx.cluster_api::<TopologyGroup>();
@@ -679,11 +688,7 @@ async fn gang_larger_than_its_jobset_fails(ctx: TestContext) -> Result<()> {
             "{message}"
         );
         ensure!(
-            ctx.api::<GpuSlice>()
-                .list(&ListParams::default())
-                .await?
-                .items
-                .is_empty(),
+            slices(&ctx).await?.is_empty(),
             "nothing is reserved for a gang that cannot be complete"
         );
         event(&ctx, "reason=FailedScheduling", "gang short: label").await?;
@@ -757,14 +762,7 @@ async fn gang_that_cannot_fit_stays_pending(ctx: TestContext) -> Result<()> {
                     .is_none()),
             "every member stays Pending"
         );
-        ensure!(
-            ctx.api::<GpuSlice>()
-                .list(&ListParams::default())
-                .await?
-                .items
-                .is_empty(),
-            "nothing is reserved"
-        );
+        ensure!(slices(&ctx).await?.is_empty(), "nothing is reserved");
         event(&ctx, "reason=FailedScheduling", "gang big").await?;
         Ok(())
     })
@@ -789,7 +787,7 @@ async fn gang_with_missing_members_times_out(ctx: TestContext) -> Result<()> {
             })
             .await?;
         ensure!(status.message.as_deref().is_some_and(|m| m.contains("rolled back")), "{status:?}");
-        ensure!(ctx.api::<GpuSlice>().list(&ListParams::default()).await?.items.is_empty(), "no reservation is left");
+        ensure!(slices(&ctx).await?.is_empty(), "no reservation is left");
         Ok(())
     })
     .await
