@@ -63,3 +63,14 @@ impl Tools {
         self.k8s.join("kubectl")
     }
 }
+
+/// GETs `path` from a plain-HTTP endpoint on `addr` (the operator's /metrics, /healthz,
+/// /readyz) and returns the whole response, status line and headers included.
+pub fn http_get(addr: std::net::SocketAddr, path: &str) -> std::io::Result<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr)?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    Ok(response)
+}

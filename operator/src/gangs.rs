@@ -436,15 +436,14 @@ impl Controller {
             told.clear();
         }
         let text = format!("gang {name}: {message}");
-        let untold: Vec<&Member> = snapshot
+        let untold: Vec<&Arc<Pod>> = snapshot
             .members
             .iter()
-            .filter(|m| m.pod.is_some() && told.insert(m.uid.clone()))
+            .filter_map(|m| m.pod.as_ref().filter(|_| told.insert(m.uid.clone())))
             .collect();
         join_all(
             untold
-                .iter()
-                .filter_map(|m| m.pod.as_ref())
+                .into_iter()
                 .map(|pod| self.reports.unschedulable(pod, reason, &text)),
         )
         .await;

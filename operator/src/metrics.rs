@@ -148,7 +148,7 @@ impl Default for Metrics {
     }
 }
 
-/// Serves the endpoints on `addr` until the task is dropped.
+/// Serves the endpoints on `listener` until the task is dropped.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     metrics: Arc<Metrics>,

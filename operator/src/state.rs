@@ -114,7 +114,7 @@ pub struct State {
     derived_groups: BTreeMap<String, runtimekit_crds::TopologyGroupStatus>,
     /// Member pods of each gang, by (namespace, gang name).
     gang_pods: BTreeMap<(String, String), BTreeSet<String>>,
-    /// Decided pods whose binding is being written, by UID.
+    /// Decided pods whose binding is being written or not yet seen bound in the watch, by UID.
     in_flight: HashMap<String, placement::Decision>,
     /// Whether capacity may have been freed or added since the scheduler last looked.
     capacity_freed: bool,
@@ -264,11 +264,7 @@ impl State {
                 Ok(resources) => self.engine.upsert_pod_usage(&uid, node, &resources),
                 Err(error) => tracing::warn!(%error, "pod requests cannot be read; not accounted"),
             },
-            _ => {
-                if self.engine.remove_pod_usage(&uid) {
-                    self.capacity_freed = true;
-                }
-            }
+            _ => self.remove_pod_usage(&uid),
         }
         let queue_key = (
             pod.metadata.creation_timestamp.as_ref().map(|t| t.0),
@@ -356,8 +352,15 @@ impl State {
         }
         self.attempts.remove(uid);
         self.in_flight.remove(uid);
-        self.engine.remove_pod_usage(uid);
+        self.remove_pod_usage(uid);
         self.release_slices_of(uid, bound);
+    }
+
+    /// Stops accounting a pod's requests besides cards; what it held is free for waiting pods.
+    fn remove_pod_usage(&mut self, uid: &str) {
+        if self.engine.remove_pod_usage(uid) {
+            self.capacity_freed = true;
+        }
     }
 
     /// UIDs of every known pod (to find the ones a re-list no longer shows).
@@ -906,7 +909,8 @@ impl State {
     }
 
     /// Decides one pending pod. A decided pod's capacity is taken at once (assumed) so the next
-    /// decision sees it, and the pod is in flight until [`State::bound`] or [`State::bind_failed`].
+    /// decision sees it, and the pod is in flight until the watch shows it bound (or gone), or
+    /// until [`State::bind_failed`].
     pub fn schedule(&mut self, uid: &str, now: std::time::Instant) -> Outcome {
         let Some(record) = self.pods.get(uid) else {
             return Outcome::Skip;

@@ -30,6 +30,8 @@ const PODS: usize = 5000;
 const STEADY_RATE: u64 = 100;
 const STEADY_SECONDS: u64 = 20;
 const CONCURRENCY: usize = 64;
+/// Our scheduler's name.
+const OURS: &str = "lj-runtimekit-scheduler";
 
 #[tokio::main]
 async fn main() -> Result<()> {
@@ -74,9 +76,9 @@ async fn bench(cluster: &Cluster) -> Result<()> {
     let wanted = |run: &str| runs.split(',').any(|r| r == run);
     let whole = json!({"nvidia.com/gpu": "1"});
     let tdm_limits = json!({"aliyun.com/gpu-core": "25", "aliyun.com/gpu-memory": "4"});
-    let mut kube = Run::default();
-    if wanted("kube") {
-        kube = burst(
+    // Every run cleans up after itself, so the next one starts on free cards.
+    let kube = if wanted("kube") {
+        burst(
             &client,
             &processes,
             "bench-kube",
@@ -84,46 +86,30 @@ async fn bench(cluster: &Cluster) -> Result<()> {
             &whole,
             PODS,
         )
-        .await?;
-        cleanup(&client, "bench-kube").await?;
-    }
-    let mut ours = Run::default();
-    if wanted("ours") {
-        ours = burst(
-            &client,
-            &processes,
-            "bench-ours",
-            "lj-runtimekit-scheduler",
-            &whole,
-            PODS,
-        )
-        .await?;
-        cleanup(&client, "bench-ours").await?;
-    }
-    let mut tdm = Run::default();
-    if wanted("tdm") {
-        tdm = burst(
-            &client,
-            &processes,
-            "bench-tdm",
-            "lj-runtimekit-scheduler",
-            &tdm_limits,
-            PODS,
-        )
-        .await?;
-        cleanup(&client, "bench-tdm").await?;
-    }
-    let mut steady_run = Run::default();
-    if wanted("steady") {
-        steady_run = steady(&client, &processes, "bench-steady").await?;
-        cleanup(&client, "bench-steady").await?;
-    }
-    let mut ceiling = Run::default();
-    if wanted("binding") {
-        ceiling = binding_ceiling(&client, "bench-binding", 3000).await?;
-        cleanup(&client, "bench-binding").await?;
-    }
-    let steady = steady_run;
+        .await?
+    } else {
+        Run::default()
+    };
+    let ours = if wanted("ours") {
+        burst(&client, &processes, "bench-ours", OURS, &whole, PODS).await?
+    } else {
+        Run::default()
+    };
+    let tdm = if wanted("tdm") {
+        burst(&client, &processes, "bench-tdm", OURS, &tdm_limits, PODS).await?
+    } else {
+        Run::default()
+    };
+    let steady = if wanted("steady") {
+        steady(&client, &processes, "bench-steady").await?
+    } else {
+        Run::default()
+    };
+    let ceiling = if wanted("binding") {
+        binding_ceiling(&client, "bench-binding", 3000).await?
+    } else {
+        Run::default()
+    };
 
     let ours_rss = peak_rss_mib(i32::try_from(operator.id())?)?;
     let kube_rss = peak_rss_mib(
@@ -357,13 +343,7 @@ fn start_operator(cluster: &Cluster) -> Result<(Child, std::net::SocketAddr)> {
 
 /// The operator's own view of its work: the sums and counts of its latency histograms.
 fn operator_metrics(listen: std::net::SocketAddr) -> Vec<String> {
-    use std::io::{Read, Write};
-    let Ok(mut stream) = std::net::TcpStream::connect(listen) else {
-        return Vec::new();
-    };
-    let _ = write!(stream, "GET /metrics HTTP/1.0\r\nHost: {listen}\r\n\r\n");
-    let mut body = String::new();
-    let _ = stream.read_to_string(&mut body);
+    let body = runtimekit_e2e::tools::http_get(listen, "/metrics").unwrap_or_default();
     body.lines()
         .filter(|l| {
             (l.contains("_sum") || l.contains("_count") || l.contains("attempts_total"))
@@ -480,6 +460,7 @@ async fn burst(
         "{ns}: {:.0} pods/s, p99 {:.0} ms",
         run.pods_per_sec, run.p99_ms
     );
+    cleanup(client, ns).await?;
     Ok(run)
 }
 
@@ -556,11 +537,7 @@ async fn steady(client: &Client, processes: &Processes, ns: &str) -> Result<Run>
             let issued = Instant::now();
             api.create(
                 &PostParams::default(),
-                &pod(
-                    &name,
-                    "lj-runtimekit-scheduler",
-                    &json!({"nvidia.com/gpu": "1"}),
-                )?,
+                &pod(&name, OURS, &json!({"nvidia.com/gpu": "1"}))?,
             )
             .await?;
             if let Ok(mut c) = created.lock() {
@@ -579,6 +556,7 @@ async fn steady(client: &Client, processes: &Processes, ns: &str) -> Result<Run>
     let mut run = measure(count, start, end, &created, &bound);
     run.created_per_sec = STEADY_RATE as f64;
     run.cpu = cpu_since(&cpu_before, &processes.cpu());
+    cleanup(client, ns).await?;
     Ok(run)
 }
 
@@ -619,11 +597,13 @@ async fn binding_ceiling(client: &Client, ns: &str, count: usize) -> Result<Run>
         .buffer_unordered(CONCURRENCY)
         .try_collect::<Vec<()>>()
         .await?;
-    Ok(Run {
+    let run = Run {
         pods: count,
         pods_per_sec: count as f64 / start.elapsed().as_secs_f64(),
         ..Run::default()
-    })
+    };
+    cleanup(client, ns).await?;
+    Ok(run)
 }
 
 /// Deletes a run's namespace and plays the node agents' part: removes the finalizers of the

@@ -157,16 +157,7 @@ impl Operator {
 
     /// GETs one of the operator's HTTP endpoints.
     fn get(&self, path: &str) -> Result<String> {
-        use std::io::{Read, Write};
-        let mut stream = std::net::TcpStream::connect(self.listen)?;
-        write!(
-            stream,
-            "GET {path} HTTP/1.0\r\nHost: {}\r\n\r\n",
-            self.listen
-        )?;
-        let mut response = String::new();
-        stream.read_to_string(&mut response)?;
-        Ok(response)
+        Ok(runtimekit_e2e::tools::http_get(self.listen, path)?)
     }
 
     /// Stops it as a crash would: no lease release, every write in flight dropped.
@@ -268,6 +259,13 @@ async fn reporting_node(
     Ok(node_name)
 }
 
+/// Eight H800 cards, none in MIG mode.
+fn h800_whole_cards() -> Vec<CardStatus> {
+    (0..8)
+        .map(|c| nvidia(c, "H800", 80, false, c / 2))
+        .collect()
+}
+
 fn h800_node() -> Vec<CardStatus> {
     (0..8)
         .map(|i| nvidia(i, "H800", 80, i >= 6, i / 2))
@@ -333,11 +331,26 @@ where
 {
     let operator = Operator::start(&ctx, "op-0").await?;
     let result = test(ctx.clone()).await;
-    let stopped = operator.stop().await;
+    let finished = finish(&ctx, operator).await;
     result?;
-    stopped?;
-    invariants(&ctx).await?;
-    delete_groups(&ctx).await
+    finished
+}
+
+/// Stops the operator, then checks the invariants and deletes the test's TopologyGroups.
+async fn finish(ctx: &TestContext, operator: Operator) -> Result<()> {
+    operator.stop().await?;
+    invariants(ctx).await?;
+    delete_groups(ctx).await
+}
+
+/// How many of the test's pods are bound.
+async fn bound_count(ctx: &TestContext) -> Result<usize> {
+    let list = ctx.api::<Pod>().list(&ListParams::default()).await?;
+    Ok(list
+        .items
+        .iter()
+        .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some())
+        .count())
 }
 
 /// Waits for an Event matching the field selector whose line contains `text` (the operator
@@ -1038,17 +1051,12 @@ async fn metrics_and_readiness_are_served(ctx: TestContext) -> Result<()> {
     if let Err(error) = served {
         bail!("{error:#}\n/metrics:\n{}", operator.get("/metrics")?);
     }
-    operator.stop().await?;
-    invariants(&ctx).await?;
-    delete_groups(&ctx).await
+    finish(&ctx, operator).await
 }
 
 async fn apiserver_restart_loses_and_duplicates_nothing(ctx: TestContext) -> Result<()> {
     for i in 0..2 {
-        let cards = (0..8)
-            .map(|c| nvidia(c, "H800", 80, false, c / 2))
-            .collect();
-        gpu_node(&ctx, &format!("n{i}"), cards, vec![], &[]).await?;
+        gpu_node(&ctx, &format!("n{i}"), h800_whole_cards(), vec![], &[]).await?;
     }
     // The deployment's Lease timings: an outage shorter than the renew deadline keeps the
     // leader; a longer one ends the process and its Deployment starts it again. Either way
@@ -1077,20 +1085,10 @@ async fn apiserver_restart_loses_and_duplicates_nothing(ctx: TestContext) -> Res
         )
         .await?;
     }
-    let pods = ctx.api::<Pod>();
     ctx.wait_for(
         "all 20 pods bound after the apiserver came back",
         Duration::from_secs(90),
-        || async {
-            let list = pods.list(&ListParams::default()).await?;
-            Ok((list
-                .items
-                .iter()
-                .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some())
-                .count()
-                == 20)
-                .then_some(()))
-        },
+        || async { Ok((bound_count(&ctx).await? == 20).then_some(())) },
     )
     .await?;
     let slices = ctx
@@ -1103,18 +1101,13 @@ async fn apiserver_restart_loses_and_duplicates_nothing(ctx: TestContext) -> Res
         "one slice per pod, no duplicates: {}",
         slices.len()
     );
-    operator.stop().await?;
-    invariants(&ctx).await?;
-    delete_groups(&ctx).await
+    finish(&ctx, operator).await
 }
 
 async fn operator_killed_mid_burst_loses_nothing(ctx: TestContext) -> Result<()> {
     // 32 cards, no MIG: the burst's 20 whole cards and 20 shares of 30 % (7 cards) all fit.
     for i in 0..4 {
-        let cards = (0..8)
-            .map(|c| nvidia(c, "H800", 80, false, c / 2))
-            .collect();
-        gpu_node(&ctx, &format!("n{i}"), cards, vec![], &[]).await?;
+        gpu_node(&ctx, &format!("n{i}"), h800_whole_cards(), vec![], &[]).await?;
     }
     let operator = Operator::start(&ctx, "op-a").await?;
     // Ready before the burst starts, so it binds the pods as they come.
@@ -1125,16 +1118,6 @@ async fn operator_killed_mid_burst_loses_nothing(ctx: TestContext) -> Result<()>
         } else {
             json!({"aliyun.com/gpu-core": "30", "aliyun.com/gpu-memory": "8"})
         }
-    };
-    let pods = ctx.api::<Pod>();
-    let count_bound = || async {
-        let list = pods.list(&ListParams::default()).await?;
-        anyhow::Ok(
-            list.items
-                .iter()
-                .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some())
-                .count(),
-        )
     };
     // The burst is created while the operator binds it; the operator is killed as soon as five
     // pods are bound, with creations and writes still in flight.
@@ -1147,7 +1130,7 @@ async fn operator_killed_mid_burst_loses_nothing(ctx: TestContext) -> Result<()>
     let kill = async {
         let bound = ctx
             .wait_for("five bindings", Duration::from_secs(30), || async {
-                Ok(Some(count_bound().await?).filter(|bound| *bound >= 5))
+                Ok(Some(bound_count(&ctx).await?).filter(|bound| *bound >= 5))
             })
             .await?;
         operator.kill();
@@ -1164,7 +1147,7 @@ async fn operator_killed_mid_burst_loses_nothing(ctx: TestContext) -> Result<()>
     ctx.wait_for(
         "all 40 pods bound after the restart",
         Duration::from_secs(60),
-        || async { Ok((count_bound().await? == 40).then_some(())) },
+        || async { Ok((bound_count(&ctx).await? == 40).then_some(())) },
     )
     .await?;
     restarted.stop().await?;
