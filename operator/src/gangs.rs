@@ -377,12 +377,24 @@ impl Controller {
             Ok::<(), scheduler::BindError>(())
         }))
         .await;
+        let accepted: Vec<&GpuSlice> = all_slices
+            .iter()
+            .zip(&created)
+            .filter(|(_, r)| r.is_ok())
+            .map(|(s, _)| s)
+            .collect();
+        self.shared.lock().slices_created(&accepted);
         let mut ok = created.iter().all(Result::is_ok);
         if ok {
-            let bindings = join_all(binding.members.iter().map(|(pod, decision)| {
-                scheduler::write_binding_only(&self.client, pod, decision, &binding.annotation)
-            }))
-            .await;
+            let annotation = binding.annotation.as_str();
+            let bindings =
+                join_all(binding.members.iter().map(|(pod, decision)| {
+                    let allocation = scheduler::allocation_of(pod, decision);
+                    async move {
+                        scheduler::post_binding(&self.client, pod, annotation, &allocation).await
+                    }
+                }))
+                .await;
             ok = bindings.iter().all(Result::is_ok);
             for error in bindings.iter().filter_map(|r| r.as_ref().err()) {
                 tracing::warn!(gang = name, %namespace, %error, "binding a gang member failed");

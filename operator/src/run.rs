@@ -120,10 +120,21 @@ pub async fn run_with(
             }
         }
     }
-    tracing::info!("shutting down; releasing the lease");
+    // Stop deciding, let the writes already started finish (a pod bound without its slices
+    // would be repaired by the next leader, but need not be), then hand the Lease over.
+    tasks.abort_all();
+    tracing::info!("shutting down: finishing the writes in flight");
+    let deadline = tokio::time::Instant::now() + WRITES_DRAIN;
+    while shared.lock().writes_running() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tracing::info!("releasing the lease");
     elector.release().await;
     Ok(())
 }
+
+/// How long a shutdown waits for the writes of decisions already made.
+const WRITES_DRAIN: Duration = Duration::from_secs(5);
 
 fn spawn_watchers(tasks: &mut JoinSet<Result<()>>, client: &Client, shared: &Arc<Shared>) {
     let config = watcher::Config::default().any_semantic();

@@ -1,20 +1,20 @@
 //! The lj-runtimekit-scheduler: takes pending pods from the state in order, decides each with the
-//! placement engine under the state's lock, and writes the decision (one GpuSlice per card, then
-//! one Binding carrying the allocation annotation) in parallel tasks, so throughput is bounded
-//! by the apiserver rather than by this loop.
+//! placement engine under the state's lock, and writes the decision (one GpuSlice per card and
+//! one Binding carrying the allocation annotation, all at once) in parallel tasks, so throughput
+//! is bounded by the apiserver rather than by this loop.
 
 use crate::metrics::AttemptResult;
 use crate::report::Reports;
 use crate::shared::Shared;
 use crate::state::{Binding, Outcome};
-use futures::future::try_join_all;
+use futures::future::join_all;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, ObjectMeta, PostParams};
 use kube::{Client, Resource, ResourceExt};
-use runtimekit_contract::allocation::{AllocatedCard, Allocation, ContainerAllocation};
+use runtimekit_contract::allocation::Allocation;
 use runtimekit_crds::{GpuSlice, SLICE_FINALIZER};
-use runtimekit_placement::{Decision, Share};
+use runtimekit_placement::Decision;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
@@ -123,9 +123,8 @@ pub fn slice_name(pod: &str, uid: &str, container_index: usize, replica: u32) ->
     )
 }
 
-/// The GpuSlices and the allocation annotation of a decision.
-pub fn slices_and_allocation(pod: &Pod, decision: &Decision) -> (Vec<GpuSlice>, Allocation) {
-    let namespace = pod.namespace().unwrap_or_default();
+/// The allocation annotation of a decision: the cards, and the GpuSlice recording each.
+pub fn allocation_of(pod: &Pod, decision: &Decision) -> Allocation {
     let name = pod.name_any();
     let uid = pod.metadata.uid.clone().unwrap_or_default();
     let containers: Vec<&str> = pod
@@ -133,82 +132,75 @@ pub fn slices_and_allocation(pod: &Pod, decision: &Decision) -> (Vec<GpuSlice>, 
         .iter()
         .flat_map(|s| s.containers.iter().map(|c| c.name.as_str()))
         .collect();
-    let owner = OwnerReference {
-        api_version: "v1".into(),
-        kind: "Pod".into(),
-        name: name.clone(),
-        uid: uid.clone(),
-        controller: Some(true),
-        block_owner_deletion: None,
-    };
-    let specs = decision.gpu_slices(&namespace, &name);
-    let mut slices = Vec::with_capacity(specs.len());
-    let mut allocation = Allocation {
-        node: decision.node.clone(),
-        containers: Vec::new(),
-    };
-    for placement in &decision.containers {
-        let index = containers
-            .iter()
-            .position(|c| *c == placement.container)
-            .unwrap_or(0);
-        let mut cards = Vec::with_capacity(placement.cards.len());
-        for card in &placement.cards {
-            let slice = slice_name(&name, &uid, index, card.replica);
-            let (mode, core, memory_mib, profile, start) = match &card.share {
-                Share::Whole => ("Whole", None, None, None, None),
-                Share::Tdm { core, memory_mib } => ("TDM", *core, *memory_mib, None, None),
-                Share::Mig {
-                    profile,
-                    start,
-                    memory_mib,
-                    ..
-                } => (
-                    "MIG",
-                    None,
-                    Some(*memory_mib),
-                    Some(profile.clone()),
-                    Some(*start),
-                ),
-            };
-            cards.push(AllocatedCard {
-                index: card.index,
-                uuid: card.uuid.clone(),
-                mode: mode.into(),
-                core,
-                memory_mib,
-                profile,
-                start,
-                slice: slice.clone(),
-            });
-            let spec = specs
-                .iter()
-                .find(|s| s.pod.container == placement.container && s.replica_index == card.replica)
-                .cloned();
-            if let Some(spec) = spec {
-                slices.push(GpuSlice {
-                    metadata: ObjectMeta {
-                        name: Some(slice),
-                        namespace: Some(namespace.clone()),
-                        owner_references: Some(vec![owner.clone()]),
-                        finalizers: Some(vec![SLICE_FINALIZER.into()]),
-                        ..ObjectMeta::default()
-                    },
-                    spec,
-                    status: None,
-                });
-            }
-        }
-        allocation.containers.push(ContainerAllocation {
-            name: placement.container.clone(),
-            cards,
-            nics: placement.nics.clone(),
-        });
-    }
+    decision.allocation(|container, replica| {
+        let index = containers.iter().position(|c| *c == container).unwrap_or(0);
+        slice_name(&name, &uid, index, replica)
+    })
+}
+
+/// The GpuSlices and the allocation annotation of a decision.
+pub fn slices_and_allocation(pod: &Pod, decision: &Decision) -> (Vec<GpuSlice>, Allocation) {
+    let allocation = allocation_of(pod, decision);
+    let slices = slice_objects(
+        &pod.namespace().unwrap_or_default(),
+        &pod.name_any(),
+        pod.metadata.uid.as_deref().unwrap_or_default(),
+        decision,
+        &slice_names(&allocation),
+    );
     (slices, allocation)
 }
 
-/// Writes one decision: the slices (in parallel), then the Binding.
+/// The GpuSlice of each card an allocation records, in the order of
+/// [`Decision::gpu_slices`].
+pub fn slice_names(allocation: &Allocation) -> Vec<String> {
+    allocation
+        .containers
+        .iter()
+        .flat_map(|c| c.cards.iter().map(|card| card.slice.clone()))
+        .collect()
+}
+
+/// The GpuSlices of the pod `namespace/name` (`uid`) for a decision, named by `names` in the
+/// order of [`Decision::gpu_slices`]: owned by the pod, so they go when it goes, and carrying
+/// the node agent's finalizer, so their capacity returns only once the agent has let go.
+pub fn slice_objects(
+    namespace: &str,
+    name: &str,
+    uid: &str,
+    decision: &Decision,
+    names: &[String],
+) -> Vec<GpuSlice> {
+    let owner = OwnerReference {
+        api_version: "v1".into(),
+        kind: "Pod".into(),
+        name: name.to_owned(),
+        uid: uid.to_owned(),
+        controller: Some(true),
+        block_owner_deletion: None,
+    };
+    decision
+        .gpu_slices(namespace, name)
+        .into_iter()
+        .zip(names)
+        .map(|(spec, slice)| GpuSlice {
+            metadata: ObjectMeta {
+                name: Some(slice.clone()),
+                namespace: Some(namespace.to_owned()),
+                owner_references: Some(vec![owner.clone()]),
+                finalizers: Some(vec![SLICE_FINALIZER.into()]),
+                ..ObjectMeta::default()
+            },
+            spec,
+            status: None,
+        })
+        .collect()
+}
+
+/// Writes one decision: the slices and the Binding at once, so a pod waits for one round trip
+/// rather than two. Whatever part fails is safe to leave: a pod that got its Binding has its
+/// allocation annotation, from which missing slices are re-created; slices without a Binding
+/// hold their cards until the pod is bound to them on the next try or they are released.
 async fn bind<P>(shared: &Shared, client: &Client, reports: &Reports, binding: Binding, permit: P) {
     let Binding {
         pod,
@@ -218,15 +210,31 @@ async fn bind<P>(shared: &Shared, client: &Client, reports: &Reports, binding: B
     } = binding;
     let uid = decision.pod_uid.clone();
     let started = Instant::now();
-    let result = write_binding(client, &pod, &decision, &annotation).await;
+    let (slices, allocation) = slices_and_allocation(&pod, &decision);
+    let api: Api<GpuSlice> = Api::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
+    let (created, posted) = tokio::join!(
+        join_all(slices.iter().map(|slice| create_slice(&api, slice))),
+        post_binding(client, &pod, &annotation, &allocation),
+    );
     // The writes are done: let the next binding start while the Events are published.
     drop(permit);
     shared
         .metrics
         .binding_seconds
         .observe(started.elapsed().as_secs_f64());
-    match result {
+    let accepted: Vec<&GpuSlice> = slices
+        .iter()
+        .zip(&created)
+        .filter(|(_, r)| r.is_ok())
+        .map(|(s, _)| s)
+        .collect();
+    shared.lock().slices_created(&accepted);
+    for error in created.iter().filter_map(|r| r.as_ref().err()) {
+        tracing::warn!(pod = %pod.name_any(), %error, "writing a GpuSlice failed");
+    }
+    match posted {
         Ok(()) => {
+            // Slices that failed are re-created from the allocation the pod now carries.
             shared.lock().bound(&uid);
             shared.metrics.attempt(AttemptResult::Scheduled);
             if let Some(created) = pod.metadata.creation_timestamp.as_ref() {
@@ -292,46 +300,51 @@ pub enum BindError {
     SliceTaken { name: String },
     #[error("posting the Binding: {0}")]
     Binding(kube::Error),
+    #[error("the pod is already bound to {node:?} with another allocation")]
+    BoundElsewhere { node: String },
     #[error("encoding the allocation: {0}")]
     Encode(#[from] serde_json::Error),
 }
 
-async fn write_binding(
+/// Posts the Binding of a decided pod, carrying its allocation annotation (the apiserver copies
+/// it onto the pod). A pod already bound is fine only if it is bound exactly so: an earlier try
+/// of this decision landed.
+pub async fn post_binding(
     client: &Client,
     pod: &Pod,
-    decision: &Decision,
     annotation: &str,
+    allocation: &Allocation,
 ) -> Result<(), BindError> {
     let namespace = pod.namespace().unwrap_or_default();
-    let (slices, _) = slices_and_allocation(pod, decision);
-    let api: Api<GpuSlice> = Api::namespaced(client.clone(), &namespace);
-    try_join_all(slices.iter().map(|slice| create_slice(&api, slice))).await?;
-    write_binding_only(client, pod, decision, annotation).await
-}
-
-/// Posts the Binding of a decided pod whose slices exist, with the allocation annotation.
-pub async fn write_binding_only(
-    client: &Client,
-    pod: &Pod,
-    decision: &Decision,
-    annotation: &str,
-) -> Result<(), BindError> {
-    let namespace = pod.namespace().unwrap_or_default();
-    let (_, allocation) = slices_and_allocation(pod, decision);
+    let recorded = serde_json::to_string(allocation)?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
     let binding = serde_json::json!({
         "apiVersion": "v1",
         "kind": "Binding",
-        "metadata": {"name": pod.name_any(), "annotations": {annotation: serde_json::to_string(&allocation)?}},
-        "target": {"apiVersion": "v1", "kind": "Node", "name": decision.node},
+        "metadata": {"name": pod.name_any(), "annotations": {annotation: recorded}},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": allocation.node},
     });
     let posted: Result<serde_json::Value, kube::Error> = pods
         .create_subresource("binding", &pod.name_any(), &PostParams::default(), &binding)
         .await;
     match posted {
         Ok(_) => Ok(()),
-        // Already bound: an earlier attempt's Binding landed (this one resumed it).
-        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 409 => {
+            let current = pods
+                .get(&pod.name_any())
+                .await
+                .map_err(BindError::Binding)?;
+            let node = current.spec.as_ref().and_then(|s| s.node_name.clone());
+            let same = node.as_deref() == Some(allocation.node.as_str())
+                && current.annotations().get(annotation) == Some(&recorded);
+            if same {
+                Ok(())
+            } else {
+                Err(BindError::BoundElsewhere {
+                    node: node.unwrap_or_default(),
+                })
+            }
+        }
         Err(e) => Err(BindError::Binding(e)),
     }
 }

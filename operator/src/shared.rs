@@ -137,6 +137,9 @@ impl Mirrored for GpuSlice {
         let (namespace, name) = split_key(key);
         shared.lock().delete_slice(namespace, name);
     }
+    fn relisted(shared: &Shared) {
+        shared.lock().slices_relisted();
+    }
     fn known(shared: &Shared) -> Vec<String> {
         shared
             .lock()

@@ -1,13 +1,16 @@
 //! The GpuSlice controller: deletes the slices of pods that ended or vanished (the node agent
 //! then destroys the instance and removes its finalizer, and only then does the capacity return),
 //! and removes the finalizer itself where no agent ever will: the node is gone, or the pod was
-//! never bound so nothing was enacted.
+//! never bound so nothing was enacted. It also re-creates the GpuSlices a bound pod's allocation
+//! annotation names that do not exist (writes interrupted by a restart, or a slice deleted under
+//! a running pod).
 
+use crate::scheduler;
 use crate::shared::Shared;
 use crate::state::Work;
 use futures::future::join_all;
-use kube::Client;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::{Client, ResourceExt};
 use runtimekit_crds::{GpuSlice, SLICE_FINALIZER};
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,7 +21,7 @@ pub async fn run(shared: Arc<Shared>, client: Client) {
     loop {
         let work = shared.lock().take_work();
         if work != Work::default() {
-            apply(&client, &work).await;
+            apply(&shared, &client, &work).await;
         }
         tokio::select! {
             _ = changes.changed() => {}
@@ -27,7 +30,7 @@ pub async fn run(shared: Arc<Shared>, client: Client) {
     }
 }
 
-async fn apply(client: &Client, work: &Work) {
+async fn apply(shared: &Shared, client: &Client, work: &Work) {
     join_all(work.release.iter().map(|(namespace, name)| async move {
         let api: Api<GpuSlice> = Api::namespaced(client.clone(), namespace);
         match api.delete(name, &DeleteParams::background()).await {
@@ -48,8 +51,45 @@ async fn apply(client: &Client, work: &Work) {
         }
     }))
     .await;
+    let missing: Vec<GpuSlice> = {
+        let state = shared.lock();
+        work.restore
+            .iter()
+            .flat_map(|uid| state.missing_slices(uid))
+            .collect()
+    };
+    let created = join_all(missing.iter().map(|slice| async move {
+        let namespace = slice.namespace().unwrap_or_default();
+        let api: Api<GpuSlice> = Api::namespaced(client.clone(), &namespace);
+        let created = scheduler::create_slice(&api, slice).await;
+        match &created {
+            Ok(()) => {
+                tracing::info!(slice = %slice.name_any(), %namespace, "re-created a slice from its pod's allocation");
+            }
+            Err(error) => {
+                tracing::warn!(slice = %slice.name_any(), %namespace, %error, "could not re-create a slice");
+            }
+        }
+        created.is_ok()
+    }))
+    .await;
+    let mut state = shared.lock();
+    let accepted: Vec<&GpuSlice> = missing
+        .iter()
+        .zip(&created)
+        .filter(|(_, ok)| **ok)
+        .map(|(s, _)| s)
+        .collect();
+    state.slices_created(&accepted);
+    // Tried again on the controller's next pass.
+    state.restore_later(
+        missing
+            .iter()
+            .zip(&created)
+            .filter(|(_, ok)| !**ok)
+            .map(|(s, _)| s.spec.pod.uid.clone()),
+    );
 }
-
 /// Removes the agent's finalizer with a JSON patch guarded by a test of the exact list, so a
 /// concurrent change makes it fail rather than drop someone else's finalizer.
 async fn remove_finalizer(api: &Api<GpuSlice>, name: &str) -> Result<(), kube::Error> {

@@ -41,6 +41,27 @@ pub struct PodRecord {
     pub gang: Option<runtimekit_contract::GangMembership>,
     /// For pods of our scheduler that are not bound yet: the pod (pruned) and its parsed request.
     pub pending: Option<Pending>,
+    /// For bound pods of our scheduler that have not ended: what their allocation annotation
+    /// records.
+    pub recorded: Option<Arc<Recorded>>,
+}
+
+/// What a bound pod's allocation annotation records. It is the truth about the pod's cards: a
+/// restarted operator accounts them from it before its first decision, re-creates GpuSlices
+/// missing from it, and releases slices of the pod it does not name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recorded {
+    /// The decision it records.
+    pub decision: placement::Decision,
+    /// The GpuSlice of each card, in the order of [`placement::Decision::slice_inputs`].
+    pub slices: Vec<String>,
+}
+
+impl Recorded {
+    /// Each card's slice name and the engine's record of the card.
+    fn cards(&self) -> impl Iterator<Item = (&String, placement::SliceInput)> {
+        self.slices.iter().zip(self.decision.slice_inputs())
+    }
 }
 
 /// A pod waiting for this scheduler.
@@ -85,6 +106,9 @@ pub struct Work {
     /// Slices whose finalizer the operator removes itself, because no agent will: their node is
     /// gone, or their pod was never bound so nothing was enacted (namespace, name).
     pub unfinalize: BTreeSet<(String, String)>,
+    /// Bound pods whose allocation names GpuSlices that do not exist, by UID: they are
+    /// re-created (see [`State::missing_slices`]).
+    pub restore: BTreeSet<String>,
 }
 
 /// The operator's state.
@@ -114,8 +138,12 @@ pub struct State {
     derived_groups: BTreeMap<String, runtimekit_crds::TopologyGroupStatus>,
     /// Member pods of each gang, by (namespace, gang name).
     gang_pods: BTreeMap<(String, String), BTreeSet<String>>,
-    /// Decided pods whose binding is being written or not yet seen bound in the watch, by UID.
-    in_flight: HashMap<String, placement::Decision>,
+    /// Decided pods whose writes are running or that the watch does not show bound yet, by
+    /// UID, with whether the writes are done.
+    in_flight: HashMap<String, bool>,
+    /// GpuSlices the apiserver accepted that the watch does not show yet, with the card each
+    /// holds: they count as there, so they are neither re-created nor handed out again.
+    created_unseen: HashMap<(String, String), Option<placement::SliceInput>>,
     /// Whether capacity may have been freed or added since the scheduler last looked.
     capacity_freed: bool,
     /// Retry bookkeeping of pods that did not fit, by UID.
@@ -163,6 +191,7 @@ impl State {
             tree_dirty: false,
             synced_pods: false,
             in_flight: HashMap::new(),
+            created_unseen: HashMap::new(),
             capacity_freed: false,
             gang_pods: BTreeMap::new(),
             derived_groups: BTreeMap::new(),
@@ -253,6 +282,10 @@ impl State {
             .as_ref()
             .and_then(|r| r.as_ref().ok())
             .and_then(|r| r.gang.clone());
+        let recorded = match (&node, ended, ours) {
+            (Some(node), false, true) => self.read_recorded(pod, &uid, node, gang.as_ref()),
+            _ => None,
+        };
         let pending = request
             .filter(|_| node.is_none() && !ended)
             .map(|request| Pending {
@@ -274,8 +307,11 @@ impl State {
             self.pending.insert(queue_key);
         } else {
             self.pending.remove(&queue_key);
-            // Bound (the binding landed) or ended: no decision for it is in flight any more.
-            self.in_flight.remove(&uid);
+            // Bound (the binding landed) or ended: once its writes are done too, no decision
+            // for it is in flight any more.
+            if ended || self.in_flight.get(&uid) == Some(&true) {
+                self.in_flight.remove(&uid);
+            }
         }
         if ended {
             self.release_slices_of(&uid, node.is_some());
@@ -292,6 +328,7 @@ impl State {
             created: pod.metadata.creation_timestamp.as_ref().map(|t| t.0),
             gang: gang.clone(),
             pending,
+            recorded,
         };
         if let Some(old) = self
             .pods
@@ -310,7 +347,172 @@ impl State {
                 .or_default()
                 .insert(uid.clone());
         }
-        self.pods.insert(uid, record);
+        let (namespace, recorded) = (record.namespace.clone(), record.recorded.clone());
+        let old = self.pods.insert(uid.clone(), record);
+        let was_recorded = old.and_then(|p| p.recorded);
+        if recorded != was_recorded {
+            match (recorded, was_recorded) {
+                (Some(_), _) => self.settle_recorded(&uid),
+                (None, Some(old)) => self.forget_recorded(&namespace, &uid, &old),
+                (None, None) => {}
+            }
+        }
+    }
+
+    /// Reads a bound pod's allocation annotation; one that cannot be read is logged and ignored
+    /// (the pod's GpuSlices, if any, still account its cards).
+    fn read_recorded(
+        &self,
+        pod: &Pod,
+        uid: &str,
+        node: &str,
+        gang: Option<&runtimekit_contract::GangMembership>,
+    ) -> Option<Arc<Recorded>> {
+        let key = runtimekit_contract::allocation::annotation(&self.config.resource_prefix);
+        let text = pod.annotations().get(&key)?;
+        let read = serde_json::from_str::<runtimekit_contract::allocation::Allocation>(text)
+            .map_err(|e| e.to_string())
+            .and_then(|allocation| {
+                if allocation.node != node {
+                    return Err(format!(
+                        "it names node {:?} but the pod is bound to {node:?}",
+                        allocation.node
+                    ));
+                }
+                let gang = gang.map(|g| g.name.clone());
+                placement::Decision::from_allocation(uid, gang, &allocation)
+                    .map(|decision| Recorded {
+                        decision,
+                        slices: crate::scheduler::slice_names(&allocation),
+                    })
+                    .map_err(|e| e.to_string())
+            });
+        match read {
+            Ok(recorded) => Some(Arc::new(recorded)),
+            Err(error) => {
+                tracing::warn!(pod = %pod.name_any(), %error, "the allocation annotation cannot be read; ignored");
+                None
+            }
+        }
+    }
+
+    /// Keeps a bound pod's cards as its allocation records them: each card is accounted (the
+    /// annotation wins over a slice that disagrees with it), slices of the pod it does not name
+    /// are released, and named slices that do not exist are queued to be re-created, unless the
+    /// pod's own writes are still running.
+    fn settle_recorded(&mut self, uid: &str) {
+        let Some(record) = self.pods.get(uid) else {
+            return;
+        };
+        let Some(recorded) = record.recorded.clone() else {
+            return;
+        };
+        let namespace = record.namespace.clone();
+        let named: HashMap<&String, placement::SliceInput> = recorded.cards().collect();
+        for key in self.slices_by_pod.get(uid).into_iter().flatten() {
+            if let Some(slice) = self.slices.get(key)
+                && !slice.deleting
+                && named.get(&key.1) != slice.input.as_ref()
+            {
+                self.work.release.insert(key.clone());
+            }
+        }
+        let mut missing = false;
+        for (name, input) in named {
+            let key = (namespace.clone(), name.clone());
+            missing |= !self.slices.contains_key(&key) && !self.created_unseen.contains_key(&key);
+            self.engine.upsert_slice(input);
+        }
+        if missing && !self.in_flight.contains_key(uid) {
+            self.work.restore.insert(uid.to_owned());
+        }
+    }
+
+    /// A pod whose allocation counted has ended or is gone: its cards are held by its slices
+    /// alone from now on, until they are released.
+    fn forget_recorded(&mut self, namespace: &str, uid: &str, recorded: &Recorded) {
+        let existing: Vec<placement::SliceInput> = self
+            .slices_of(uid)
+            .into_iter()
+            .filter_map(|s| s.input.clone())
+            .collect();
+        for input in recorded.decision.slice_inputs() {
+            let backed = existing
+                .iter()
+                .any(|e| e.container == input.container && e.replica == input.replica);
+            if !backed
+                && self
+                    .engine
+                    .remove_slice(uid, &input.container, input.replica)
+            {
+                self.capacity_freed = true;
+            }
+        }
+        for input in existing {
+            self.engine.upsert_slice(input);
+        }
+        for name in &recorded.slices {
+            self.created_unseen
+                .remove(&(namespace.to_owned(), name.clone()));
+        }
+    }
+
+    /// GpuSlices the apiserver accepted: until the watch shows them they count as there.
+    pub fn slices_created(&mut self, slices: &[&GpuSlice]) {
+        for slice in slices {
+            let key = (slice.namespace().unwrap_or_default(), slice.name_any());
+            if !self.slices.contains_key(&key) {
+                let input = placement::SliceInput::from_gpu_slice(slice).ok().flatten();
+                self.created_unseen.insert(key, input);
+            }
+        }
+    }
+
+    /// Pods whose slices could not be re-created: the controller tries again on its next pass.
+    pub fn restore_later(&mut self, uids: impl IntoIterator<Item = String>) {
+        self.work.restore.extend(uids);
+    }
+
+    /// The GpuSlices a bound pod's allocation names that do not exist, to create.
+    pub fn missing_slices(&self, uid: &str) -> Vec<GpuSlice> {
+        let Some(record) = self
+            .pods
+            .get(uid)
+            .filter(|_| !self.in_flight.contains_key(uid))
+        else {
+            return Vec::new();
+        };
+        let Some(recorded) = &record.recorded else {
+            return Vec::new();
+        };
+        crate::scheduler::slice_objects(
+            &record.namespace,
+            &record.name,
+            uid,
+            &recorded.decision,
+            &recorded.slices,
+        )
+        .into_iter()
+        .filter(|slice| {
+            let key = (record.namespace.clone(), slice.name_any());
+            !self.slices.contains_key(&key) && !self.created_unseen.contains_key(&key)
+        })
+        .collect()
+    }
+
+    /// The GpuSlices were listed again: the list shows every slice that exists, so none is
+    /// awaited any more, and every bound pod's slices are checked against its allocation.
+    pub fn slices_relisted(&mut self) {
+        self.created_unseen.clear();
+        let recorded: Vec<String> = self
+            .pods
+            .values()
+            .filter(|p| p.recorded.is_some())
+            .map(|p| p.uid.clone())
+            .collect();
+        for uid in recorded {
+            self.settle_recorded(&uid);
+        }
     }
 
     /// The gangs that have member pods, by (namespace, name).
@@ -349,6 +551,9 @@ impl State {
         let bound = removed.as_ref().is_none_or(|p| p.node.is_some());
         if let Some(record) = &removed {
             self.pending.remove(&(record.created, uid.to_owned()));
+            if let Some(recorded) = &record.recorded {
+                self.forget_recorded(&record.namespace, uid, recorded);
+            }
         }
         self.attempts.remove(uid);
         self.in_flight.remove(uid);
@@ -401,9 +606,21 @@ impl State {
             nics: slice.spec.nics.clone(),
         };
         let mut record = record;
+        // A bound pod's allocation decides its cards: a slice that disagrees with it is released
+        // (by `settle_recorded`) rather than counted.
+        let recorded = self
+            .pods
+            .get(&record.pod_uid)
+            .and_then(|p| p.recorded.clone());
         match placement::SliceInput::from_gpu_slice(slice) {
             Ok(Some(input)) => {
-                self.engine.upsert_slice(input.clone());
+                let agrees = recorded.as_ref().is_none_or(|r| {
+                    r.cards()
+                        .any(|(name, card)| *name == record.name && card == input)
+                });
+                if agrees {
+                    self.engine.upsert_slice(input.clone());
+                }
                 record.input = Some(input);
             }
             Ok(None) => {}
@@ -428,7 +645,12 @@ impl State {
             .entry(record.pod_uid.clone())
             .or_default()
             .insert(key.clone());
+        self.created_unseen.remove(&key);
+        let pod_uid = record.pod_uid.clone();
         self.slices.insert(key, record);
+        if recorded.is_some() {
+            self.settle_recorded(&pod_uid);
+        }
     }
 
     /// Forgets a GpuSlice that is gone; only now does its capacity return.
@@ -446,6 +668,10 @@ impl State {
                 self.slices_by_pod.remove(&record.pod_uid);
             }
         }
+        self.created_unseen.remove(&key);
+        // A live bound pod keeps what its allocation records; a named slice that went away is
+        // re-created.
+        self.settle_recorded(&record.pod_uid);
     }
 }
 
@@ -960,7 +1186,7 @@ impl State {
             if let Some(decision) =
                 resumed_decision(&input, &leftovers).filter(|_| leftovers.len() == wanted as usize)
             {
-                self.in_flight.insert(uid.to_owned(), decision.clone());
+                self.in_flight.insert(uid.to_owned(), false);
                 let annotation =
                     runtimekit_contract::allocation::annotation(&self.config.resource_prefix);
                 return Outcome::Bind(Box::new(Binding {
@@ -980,7 +1206,7 @@ impl State {
         match self.engine.decide(&input) {
             Ok(decision) => match self.engine.commit(&decision) {
                 Ok(()) => {
-                    self.in_flight.insert(uid.to_owned(), decision.clone());
+                    self.in_flight.insert(uid.to_owned(), false);
                     let annotation =
                         runtimekit_contract::allocation::annotation(&self.config.resource_prefix);
                     Outcome::Bind(Box::new(Binding {
@@ -1004,13 +1230,22 @@ impl State {
         }
     }
 
-    /// The binding of `uid` was accepted. The pod stays in flight until the watch shows it bound,
-    /// so it is never decided a second time in between.
+    /// The binding of `uid` was accepted and its writes are done. The pod stays in flight until
+    /// the watch shows it bound, so it is never decided a second time in between.
     pub fn bound(&mut self, uid: &str) {
         self.attempts.remove(uid);
         if self.pods.get(uid).is_none_or(|p| p.pending.is_none()) {
             self.in_flight.remove(uid);
+            // Slices whose writes failed are re-created from the allocation.
+            self.settle_recorded(uid);
+        } else if let Some(done) = self.in_flight.get_mut(uid) {
+            *done = true;
         }
+    }
+
+    /// Whether the writes of any decision are still running.
+    pub fn writes_running(&self) -> bool {
+        self.in_flight.values().any(|done| !done)
     }
 
     /// Whether a decision for `uid` is being written or waits for the watch to show it bound.
@@ -1021,17 +1256,34 @@ impl State {
     /// The binding of `uid` failed: its capacity returns and it retries after a backoff.
     pub fn bind_failed(&mut self, uid: &str, now: std::time::Instant, message: &str) -> bool {
         self.in_flight.remove(uid);
+        if self.pods.get(uid).is_some_and(|p| p.node.is_some()) {
+            // The pod is bound all the same (an earlier try landed): what it records counts.
+            self.settle_recorded(uid);
+            return false;
+        }
         self.engine.release(uid);
-        // Slices the attempt did write still hold their cards until they are gone.
+        self.keep_written_slices(uid);
+        self.back_off(uid, now, message)
+    }
+
+    /// Slices a pod's attempts did write hold their cards until they are gone, whether or not
+    /// the watch shows them yet.
+    fn keep_written_slices(&mut self, uid: &str) {
         let written: Vec<placement::SliceInput> = self
             .slices_of(uid)
             .into_iter()
             .filter_map(|s| s.input.clone())
+            .chain(
+                self.created_unseen
+                    .values()
+                    .flatten()
+                    .filter(|i| i.pod_uid == uid)
+                    .cloned(),
+            )
             .collect();
         for input in written {
             self.engine.upsert_slice(input);
         }
-        self.back_off(uid, now, message)
     }
 }
 
@@ -1094,7 +1346,7 @@ impl State {
         for pod in members {
             let uid = pod.metadata.uid.clone().unwrap_or_default();
             if let Some(d) = decision.members.iter().find(|d| d.pod_uid == uid) {
-                self.in_flight.insert(uid, d.clone());
+                self.in_flight.insert(uid, false);
                 bound.push((pod, d.clone()));
             }
         }
@@ -1119,6 +1371,7 @@ impl State {
         self.engine.release_gang(&State::gang_key(namespace, name));
         for uid in uids {
             self.in_flight.remove(uid);
+            self.keep_written_slices(uid);
         }
     }
 }

@@ -27,6 +27,8 @@ pub trait Mirrored: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 
     fn known(shared: &Shared) -> Vec<String>;
     /// Called once the first complete list has been applied.
     fn synced(_shared: &Shared) {}
+    /// Called after every complete list (the first and each re-list).
+    fn relisted(_shared: &Shared) {}
 }
 
 /// Watches `api` forever (reconnecting with backoff) and mirrors it into `shared`.
@@ -56,6 +58,7 @@ pub async fn mirror<K: Mirrored>(api: Api<K>, config: watcher::Config, shared: A
                 for gone in K::known(&shared).into_iter().filter(|k| !keys.contains(k)) {
                     K::remove(&gone, &shared);
                 }
+                K::relisted(&shared);
                 if first_sync {
                     first_sync = false;
                     K::synced(&shared);

@@ -1,6 +1,6 @@
 //! The operator's state without an apiserver: nodes, TopologyGroups, pods and GpuSlices applied
 //! as the watches deliver them, then decisions, per-pod backoff, retries when capacity frees, and
-//! the rebuild of a restarted operator from GpuSlices.
+//! the rebuild of a restarted operator from GpuSlices and the pods' allocation annotations.
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
@@ -96,18 +96,55 @@ fn bind(state: &mut State, uid: &str, now: Instant) -> Binding {
     .expect("the pod is placed")
 }
 
-/// What the watches deliver once a binding landed: the pod on its node and its slices.
-fn land(state: &mut State, binding: &Binding) -> (Pod, Vec<GpuSlice>) {
-    let (slices, _) = slices_and_allocation(&binding.pod, &binding.decision);
+/// The pod as the apiserver has it once the Binding landed (on its node, with the allocation
+/// annotation the Binding carried), and the slices the binding writes.
+fn written(binding: &Binding) -> (Pod, Vec<GpuSlice>) {
+    let (slices, allocation) = slices_and_allocation(&binding.pod, &binding.decision);
     let mut pod = (*binding.pod).clone();
     pod.spec.as_mut().expect("spec").node_name = Some(binding.decision.node.clone());
+    pod.metadata.annotations = Some(
+        [(
+            binding.annotation.clone(),
+            serde_json::to_string(&allocation).expect("json"),
+        )]
+        .into(),
+    );
+    (pod, slices)
+}
+
+/// A binding's writes all succeed, then the watches deliver the slices and the bound pod.
+fn land(state: &mut State, binding: &Binding) -> (Pod, Vec<GpuSlice>) {
+    let (pod, slices) = written(binding);
     let uid = pod.metadata.uid.clone().expect("uid");
+    state.slices_created(&slices.iter().collect::<Vec<_>>());
     state.bound(&uid);
     for slice in &slices {
         state.apply_slice(slice);
     }
     state.apply_pod(&pod);
     (pod, slices)
+}
+
+/// A state that has just listed `pods` and `slices` after a restart, on one node of `cards`.
+fn restarted(cards: u32, pods: &[&Pod], slices: &[&GpuSlice]) -> State {
+    let mut state = State::new(RuntimeKitConfig::default());
+    state.apply_node(&node("n1"));
+    state.apply_group(&group("n1", cards, Timestamp::now()), Timestamp::now());
+    state.refresh_topology();
+    for pod in pods {
+        state.apply_pod(pod);
+    }
+    state.pods_synced();
+    for slice in slices {
+        state.apply_slice(slice);
+    }
+    state.slices_relisted();
+    state
+}
+
+/// The card a decision gave its first container.
+fn card_of(binding: &Binding) -> u32 {
+    binding.decision.containers[0].cards[0].index
 }
 
 #[test]
@@ -314,4 +351,176 @@ fn a_pod_whose_binding_landed_is_not_decided_again_before_the_watch_shows_it() {
         !state.in_flight("uid-p"),
         "done once the watch shows it bound"
     );
+}
+
+#[test]
+fn a_restarted_operator_rebuilds_allocations_from_pod_annotations() {
+    let mut before = cluster(2);
+    let now = Instant::now();
+    before.apply_pod(&pod("a", whole(), 10));
+    let a = bind(&mut before, "uid-a", now);
+    // The Binding landed but the operator died before its slice was written.
+    let (a_pod, a_slices) = written(&a);
+
+    let mut after = restarted(2, &[&a_pod], &[]);
+    after.apply_pod(&pod("b", whole(), 5));
+    after.apply_pod(&pod("c", whole(), 1));
+    let b = bind(&mut after, "uid-b", now);
+    assert_ne!(
+        card_of(&b),
+        card_of(&a),
+        "the card a's annotation records is not handed out again"
+    );
+    land(&mut after, &b);
+    assert!(
+        matches!(after.schedule("uid-c", now), Outcome::Unschedulable { .. }),
+        "both cards are held"
+    );
+    let work = after.take_work();
+    assert!(work.restore.contains("uid-a"), "{work:?}");
+    assert!(!work.restore.contains("uid-b"), "b's slice was written");
+    assert_eq!(
+        after.missing_slices("uid-a"),
+        a_slices,
+        "the slice is re-created as the first operator would have written it"
+    );
+
+    // Once the re-created slice shows, nothing is missing and the card stays held.
+    after.apply_slice(&a_slices[0]);
+    assert!(after.missing_slices("uid-a").is_empty());
+    assert!(after.take_work().restore.is_empty());
+    assert!(matches!(
+        after.schedule("uid-c", now + Duration::from_secs(5)),
+        Outcome::Unschedulable { .. }
+    ));
+}
+
+#[test]
+fn slices_the_allocation_does_not_name_are_released_and_not_counted() {
+    let mut before = cluster(2);
+    let now = Instant::now();
+    before.apply_pod(&pod("a", whole(), 10));
+    let a = bind(&mut before, "uid-a", now);
+    let (a_pod, a_slices) = land(&mut before, &a);
+    // A slice of the same pod on the other card, left by a decision that never bound.
+    let mut stray = a_slices[0].clone();
+    stray.metadata.name = Some("stray".into());
+    let card = stray.spec.card.as_mut().expect("card");
+    card.index = 1 - card.index;
+    card.uuid = format!("GPU-n1-{}", card.index);
+
+    for slices in [vec![&stray, &a_slices[0]], vec![&a_slices[0], &stray]] {
+        let mut after = restarted(2, &[&a_pod], &slices);
+        let work = after.take_work();
+        assert_eq!(
+            work.release.into_iter().collect::<Vec<_>>(),
+            [("ns".to_owned(), "stray".to_owned())]
+        );
+        assert!(
+            after.missing_slices("uid-a").is_empty(),
+            "the named slice exists"
+        );
+        after.apply_pod(&pod("b", whole(), 5));
+        let b = bind(&mut after, "uid-b", now);
+        assert_eq!(
+            card_of(&b),
+            1 - card_of(&a),
+            "the stray's card is free to use"
+        );
+    }
+}
+
+#[test]
+fn a_slice_deleted_under_a_running_pod_is_recreated_and_its_card_stays_held() {
+    let mut state = cluster(1);
+    let now = Instant::now();
+    state.apply_pod(&pod("a", whole(), 10));
+    let a = bind(&mut state, "uid-a", now);
+    let (_, a_slices) = land(&mut state, &a);
+    assert!(state.take_work().restore.is_empty());
+    state.delete_slice("ns", &a_slices[0].metadata.name.clone().expect("name"));
+    assert!(state.take_work().restore.contains("uid-a"));
+    assert_eq!(state.missing_slices("uid-a"), a_slices);
+    state.apply_pod(&pod("b", whole(), 5));
+    assert!(
+        matches!(state.schedule("uid-b", now), Outcome::Unschedulable { .. }),
+        "the card is still a's"
+    );
+}
+
+#[test]
+fn writes_that_race_the_watch_are_neither_recreated_nor_handed_out() {
+    let mut state = cluster(2);
+    let now = Instant::now();
+    state.apply_pod(&pod("a", whole(), 10));
+    let a = bind(&mut state, "uid-a", now);
+    let (a_pod, a_slices) = written(&a);
+    // The watch shows the pod bound while its slice is still being written.
+    state.apply_pod(&a_pod);
+    assert!(state.in_flight("uid-a"), "its writes are still running");
+    assert!(state.take_work().restore.is_empty());
+    state.slices_created(&a_slices.iter().collect::<Vec<_>>());
+    state.bound("uid-a");
+    assert!(!state.in_flight("uid-a"));
+    assert!(
+        state.take_work().restore.is_empty(),
+        "the accepted slice is not written twice"
+    );
+    state.apply_slice(&a_slices[0]);
+
+    // The same race where the slice's write failed: it is re-created.
+    state.apply_pod(&pod("b", whole(), 5));
+    let b = bind(&mut state, "uid-b", now);
+    assert_ne!(card_of(&b), card_of(&a));
+    let (b_pod, b_slices) = written(&b);
+    state.apply_pod(&b_pod);
+    state.bound("uid-b");
+    assert!(state.take_work().restore.contains("uid-b"));
+    assert_eq!(state.missing_slices("uid-b"), b_slices);
+    state.apply_pod(&pod("c", whole(), 1));
+    assert!(
+        matches!(state.schedule("uid-c", now), Outcome::Unschedulable { .. }),
+        "b's card is held by its annotation meanwhile"
+    );
+}
+
+#[test]
+fn a_failed_binding_keeps_the_cards_of_slices_it_wrote() {
+    let mut state = cluster(2);
+    let now = Instant::now();
+    state.apply_pod(&pod("a", whole(), 10));
+    let a = bind(&mut state, "uid-a", now);
+    let (_, a_slices) = written(&a);
+    // The slice was accepted but the Binding failed; the watch has not shown the slice yet.
+    state.slices_created(&a_slices.iter().collect::<Vec<_>>());
+    state.bind_failed("uid-a", now, "posting the Binding: timeout");
+    state.apply_pod(&pod("b", whole(), 5));
+    let b = bind(&mut state, "uid-b", now);
+    assert_ne!(card_of(&b), card_of(&a), "a's written slice holds its card");
+
+    // On its next try a binds to exactly the slice it wrote.
+    state.apply_slice(&a_slices[0]);
+    let retry = bind(&mut state, "uid-a", now + Duration::from_secs(3));
+    assert_eq!(retry.decision, a.decision);
+}
+
+#[test]
+fn an_ended_pod_frees_the_cards_only_its_annotation_held() {
+    let mut state = cluster(1);
+    let now = Instant::now();
+    state.apply_pod(&pod("a", whole(), 10));
+    let a = bind(&mut state, "uid-a", now);
+    let (mut a_pod, _) = written(&a);
+    state.bound("uid-a");
+    state.apply_pod(&a_pod);
+    state.take_capacity_freed();
+    a_pod.status = Some(serde_json::from_value(json!({"phase": "Succeeded"})).expect("status"));
+    state.apply_pod(&a_pod);
+    assert!(state.take_capacity_freed());
+    assert!(
+        state.missing_slices("uid-a").is_empty(),
+        "nothing to re-create"
+    );
+    state.apply_pod(&pod("b", whole(), 5));
+    bind(&mut state, "uid-b", now);
 }

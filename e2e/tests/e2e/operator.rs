@@ -43,6 +43,7 @@ pub const TESTS: &[Test] = tests![
     metrics_and_readiness_are_served,
     apiserver_restart_loses_and_duplicates_nothing,
     operator_killed_mid_burst_loses_nothing,
+    restart_recreates_slices_from_allocations,
     standby_takes_over_when_the_leader_dies,
 ];
 
@@ -287,33 +288,36 @@ fn gpu_pod(name: &str, limits: serde_json::Value) -> serde_json::Value {
         "containers": [{"name": "app", "image": "busybox", "resources": {"limits": limits}}]}})
 }
 
-/// Waits until the pod is bound and returns it with its slices.
+/// Waits until the pod is bound and every slice its allocation names exists (the scheduler
+/// writes the Binding and the slices at once), and returns it with its slices.
 async fn bound(ctx: &TestContext, name: &str) -> Result<(Pod, Vec<GpuSlice>)> {
     let pods = ctx.api::<Pod>();
-    let pod = ctx
-        .wait_for(
-            &format!("pod {name} to be bound"),
-            Duration::from_secs(30),
-            || async {
-                let pod = pods.get(name).await?;
-                Ok(pod
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.node_name.clone())
-                    .map(|_| pod))
-            },
-        )
-        .await?;
-    let uid = pod.metadata.uid.clone().unwrap_or_default();
-    let slices = ctx
-        .api::<GpuSlice>()
-        .list(&ListParams::default())
-        .await?
-        .items
-        .into_iter()
-        .filter(|s| s.spec.pod.uid == uid)
-        .collect();
-    Ok((pod, slices))
+    ctx.wait_for(
+        &format!("pod {name} to be bound with its slices"),
+        Duration::from_secs(30),
+        || async {
+            let pod = pods.get(name).await?;
+            if pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.node_name.as_ref())
+                .is_none()
+            {
+                return Ok(None);
+            }
+            let uid = pod.metadata.uid.clone().unwrap_or_default();
+            let slices: Vec<GpuSlice> = slices(ctx)
+                .await?
+                .into_iter()
+                .filter(|s| s.spec.pod.uid == uid)
+                .collect();
+            let cards = allocation(&pod).map_or(0, |a| {
+                a.containers.iter().map(|c| c.cards.len()).sum::<usize>()
+            });
+            Ok((slices.len() >= cards).then_some((pod, slices)))
+        },
+    )
+    .await
 }
 
 fn allocation(pod: &Pod) -> Result<Allocation> {
@@ -336,11 +340,28 @@ where
     finished
 }
 
-/// Stops the operator, then checks the invariants and deletes the test's TopologyGroups.
+/// Waits for the invariants to hold while the operator runs (it repairs what it finds, such as a
+/// bound pod's missing slice), stops it, checks them again and deletes the test's
+/// TopologyGroups.
 async fn finish(ctx: &TestContext, operator: Operator) -> Result<()> {
+    settled(ctx).await?;
     operator.stop().await?;
     invariants(ctx).await?;
     delete_groups(ctx).await
+}
+
+/// Waits up to 30 s for the invariants to hold; the last violation if they never do.
+async fn settled(ctx: &TestContext) -> Result<()> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match invariants(ctx).await {
+            Ok(()) => return Ok(()),
+            Err(e) if std::time::Instant::now() > deadline => {
+                return Err(e.context("the invariants did not hold within 30 s"));
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
 }
 
 /// How many of the test's pods are bound.
@@ -1091,6 +1112,7 @@ async fn apiserver_restart_loses_and_duplicates_nothing(ctx: TestContext) -> Res
         || async { Ok((bound_count(&ctx).await? == 20).then_some(())) },
     )
     .await?;
+    settled(&ctx).await?;
     let slices = ctx
         .api::<GpuSlice>()
         .list(&ListParams::default())
@@ -1150,9 +1172,104 @@ async fn operator_killed_mid_burst_loses_nothing(ctx: TestContext) -> Result<()>
         || async { Ok((bound_count(&ctx).await? == 40).then_some(())) },
     )
     .await?;
-    restarted.stop().await?;
-    invariants(&ctx).await?;
-    delete_groups(&ctx).await
+    finish(&ctx, restarted).await
+}
+
+async fn restart_recreates_slices_from_allocations(ctx: TestContext) -> Result<()> {
+    let cards: Vec<CardStatus> = h800_whole_cards().into_iter().take(2).collect();
+    let node = gpu_node(&ctx, "h800", cards.clone(), vec![], &[]).await?;
+    // An operator bound this pod to card 1 and died before its GpuSlice was written: all that is
+    // left is the allocation annotation the Binding copied onto the pod.
+    let pod = create_pod(&ctx, gpu_pod("interrupted", json!({"nvidia.com/gpu": "1"}))).await?;
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    let slice_name = format!("interrupted-{}-0-0", &uid[..8]);
+    let recorded = Allocation {
+        node: node.clone(),
+        containers: vec![runtimekit_contract::allocation::ContainerAllocation {
+            name: "app".into(),
+            cards: vec![runtimekit_contract::allocation::AllocatedCard {
+                index: 1,
+                uuid: cards[1].uuid.clone(),
+                mode: "Whole".into(),
+                slice: slice_name.clone(),
+                ..Default::default()
+            }],
+            nics: vec![],
+        }],
+    };
+    let binding = json!({"apiVersion": "v1", "kind": "Binding",
+        "metadata": {"name": "interrupted",
+                     "annotations": {"aliyun.com/allocation": serde_json::to_string(&recorded)?}},
+        "target": {"kind": "Node", "name": node}});
+    let _: serde_json::Value = ctx
+        .api::<Pod>()
+        .create_subresource("binding", "interrupted", &PostParams::default(), &binding)
+        .await?;
+
+    let operator = Operator::start(&ctx, "op-0").await?;
+    let slice_on_card = |index: u32| {
+        let name = slice_name.clone();
+        let uid = uid.clone();
+        let ctx = &ctx;
+        async move {
+            let slice = match ctx.api::<GpuSlice>().get(&name).await {
+                Ok(s) if s.metadata.deletion_timestamp.is_none() => s,
+                _ => return Ok(None),
+            };
+            ensure!(
+                slice.spec.card.as_ref().map(|c| c.index) == Some(index)
+                    && slice.spec.pod.uid == uid
+                    && slice.owner_references().iter().any(|o| o.uid == uid),
+                "re-created as recorded and owned by the pod: {slice:?}"
+            );
+            Ok(Some(slice))
+        }
+    };
+    ctx.wait_for(
+        "the missing slice to be re-created",
+        Duration::from_secs(30),
+        || slice_on_card(1),
+    )
+    .await?;
+    // The recorded card is not handed out again: the next pod gets the other one, and a third
+    // waits.
+    create_pod(&ctx, gpu_pod("next", json!({"nvidia.com/gpu": "1"}))).await?;
+    let (_, next) = bound(&ctx, "next").await?;
+    ensure!(
+        next[0].spec.card.as_ref().map(|c| c.index) == Some(0),
+        "next got {:?}",
+        next[0].spec.card
+    );
+    create_pod(&ctx, gpu_pod("third", json!({"nvidia.com/gpu": "1"}))).await?;
+    event(
+        &ctx,
+        "involvedObject.name=third,reason=FailedScheduling",
+        "0/1 nodes are available",
+    )
+    .await?;
+
+    // A slice deleted under a running pod comes back once the agent has let it go.
+    ctx.api::<GpuSlice>()
+        .delete(&slice_name, &DeleteParams::default())
+        .await?;
+    ctx.api::<GpuSlice>()
+        .patch(
+            &slice_name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await?;
+    ctx.wait_for(
+        "the deleted slice to be re-created",
+        Duration::from_secs(30),
+        || slice_on_card(1),
+    )
+    .await?;
+    ensure!(
+        bound_count(&ctx).await? == 2,
+        "third stays pending: the card came back to its pod, not to the pool"
+    );
+    finish(&ctx, operator).await
 }
 
 async fn standby_takes_over_when_the_leader_dies(ctx: TestContext) -> Result<()> {
@@ -1231,15 +1348,34 @@ async fn invariants(ctx: &TestContext) -> Result<()> {
         }
         let want: u32 = request.containers.iter().map(|c| c.cards.cards()).sum();
         let uid = pod.metadata.uid.clone().unwrap_or_default();
-        let have = slices
+        let have: BTreeMap<String, Option<u32>> = slices
             .iter()
             .filter(|s| s.spec.pod.uid == uid && s.spec.node_name.as_deref() == Some(node.as_str()))
-            .count();
+            .map(|s| (s.name_any(), s.spec.card.as_ref().map(|c| c.index)))
+            .collect();
         ensure!(
-            have == want as usize,
-            "pod {} holds {have} slices for {want} cards",
-            pod.name_any()
+            have.len() == want as usize,
+            "pod {} holds {} slices for {want} cards",
+            pod.name_any(),
+            have.len()
         );
+        // The allocation annotation names exactly the slices, card for card.
+        if want > 0 {
+            let recorded: BTreeMap<String, Option<u32>> = allocation(pod)?
+                .containers
+                .iter()
+                .flat_map(|c| {
+                    c.cards
+                        .iter()
+                        .map(|card| (card.slice.clone(), Some(card.index)))
+                })
+                .collect();
+            ensure!(
+                recorded == have,
+                "pod {} records {recorded:?} but holds {have:?}",
+                pod.name_any()
+            );
+        }
     }
     let models: BTreeMap<(String, u32), (String, u64)> = ctx
         .cluster_api::<TopologyGroup>()

@@ -50,6 +50,9 @@ pub struct AllocatedCard {
     /// MIG profile.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub profile: Option<String>,
+    /// MIG compute slices of the profile.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slices: Option<u8>,
     /// MIG placement start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start: Option<u8>,
@@ -73,6 +76,7 @@ mod tests {
                     mode: "MIG".into(),
                     memory_mib: Some(4096),
                     profile: Some("3g.40gb".into()),
+                    slices: Some(3),
                     start: Some(4),
                     slice: "p-0".into(),
                     core: None,
@@ -83,7 +87,7 @@ mod tests {
         let json = serde_json::to_string(&allocation).expect("serializes");
         assert_eq!(
             json,
-            r#"{"node":"n1","containers":[{"name":"app","cards":[{"index":3,"uuid":"GPU-3","mode":"MIG","memoryMib":4096,"profile":"3g.40gb","start":4,"slice":"p-0"}]}]}"#
+            r#"{"node":"n1","containers":[{"name":"app","cards":[{"index":3,"uuid":"GPU-3","mode":"MIG","memoryMib":4096,"profile":"3g.40gb","slices":3,"start":4,"slice":"p-0"}]}]}"#
         );
         assert_eq!(
             serde_json::from_str::<Allocation>(&json).expect("parses"),

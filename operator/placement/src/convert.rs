@@ -3,13 +3,15 @@
 //! what its watches deliver; none of them does I/O.
 
 use crate::model::{
-    CardInfo, ContainerPlacement, Decision, GangConstraint, GangDecision, MigInstance,
-    NetworkPosition, NicInfo, NodeInfo, PodInput, Resources, SelectorOperator, SelectorRequirement,
-    SelectorTerm, Share, SliceInput, Taint, TaintEffect, Toleration, TolerationOperator,
+    CardInfo, CardPlacement, ContainerPlacement, Decision, GangConstraint, GangDecision,
+    MigInstance, NetworkPosition, NicInfo, NodeInfo, PodInput, Resources, SelectorOperator,
+    SelectorRequirement, SelectorTerm, Share, SliceInput, Taint, TaintEffect, Toleration,
+    TolerationOperator,
 };
 use crate::quantity::ceil_scaled;
 use k8s_openapi::api::core::v1::{Container, Node, NodeSelectorRequirement, Pod};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use runtimekit_contract::allocation::{AllocatedCard, Allocation, ContainerAllocation};
 use runtimekit_contract::config::NODE_ENABLE_LABEL;
 use runtimekit_contract::{PodRequest, ResourceNames, TopologyLabels};
 use runtimekit_crds as crds;
@@ -484,6 +486,11 @@ fn parse_memory(object: &str, text: &str) -> Result<u64, ConvertError> {
     })
 }
 
+/// The modes an allocation annotation names.
+const MODE_WHOLE: &str = "Whole";
+const MODE_TDM: &str = "TDM";
+const MODE_MIG: &str = "MIG";
+
 /// MiB as `<n>Gi` when whole, else `<n>Mi`.
 fn format_memory(mib: u64) -> String {
     if mib.is_multiple_of(1024) {
@@ -568,6 +575,142 @@ impl SliceInput {
 }
 
 impl Decision {
+    /// The allocation annotation of this decision; `slice_name(container, replica)` names the
+    /// GpuSlice of each card.
+    pub fn allocation(&self, slice_name: impl Fn(&str, u32) -> String) -> Allocation {
+        let containers = self
+            .containers
+            .iter()
+            .map(|c| ContainerAllocation {
+                name: c.container.clone(),
+                cards: c
+                    .cards
+                    .iter()
+                    .map(|card| {
+                        let mut allocated = AllocatedCard {
+                            index: card.index,
+                            uuid: card.uuid.clone(),
+                            slice: slice_name(&c.container, card.replica),
+                            ..AllocatedCard::default()
+                        };
+                        match &card.share {
+                            Share::Whole => allocated.mode = MODE_WHOLE.into(),
+                            Share::Tdm { core, memory_mib } => {
+                                allocated.mode = MODE_TDM.into();
+                                allocated.core = *core;
+                                allocated.memory_mib = *memory_mib;
+                            }
+                            Share::Mig {
+                                profile,
+                                slices,
+                                start,
+                                memory_mib,
+                            } => {
+                                allocated.mode = MODE_MIG.into();
+                                allocated.memory_mib = Some(*memory_mib);
+                                allocated.profile = Some(profile.clone());
+                                allocated.slices = Some(*slices);
+                                allocated.start = Some(*start);
+                            }
+                        }
+                        allocated
+                    })
+                    .collect(),
+                nics: c.nics.clone(),
+            })
+            .collect();
+        Allocation {
+            node: self.node.clone(),
+            containers,
+        }
+    }
+
+    /// The decision a bound pod's allocation annotation records, so a restarted scheduler can
+    /// account its cards and re-create missing GpuSlices. Cards are listed by replica index; the
+    /// pod's other requests are accounted from the pod itself, so `resources` stays empty.
+    pub fn from_allocation(
+        pod_uid: &str,
+        gang: Option<String>,
+        allocation: &Allocation,
+    ) -> Result<Decision, ConvertError> {
+        let object = format!("the allocation of pod {pod_uid}");
+        let invalid = |field, value: String| ConvertError::Invalid {
+            object: object.clone(),
+            field,
+            value,
+        };
+        let missing = |field| ConvertError::Missing {
+            object: object.clone(),
+            field,
+        };
+        let mut containers = Vec::with_capacity(allocation.containers.len());
+        for c in &allocation.containers {
+            let mut cards = Vec::with_capacity(c.cards.len());
+            for (replica, card) in c.cards.iter().enumerate() {
+                let share = match card.mode.as_str() {
+                    MODE_WHOLE => Share::Whole,
+                    MODE_TDM => match card.core {
+                        Some(core) if core > 100 => return Err(invalid("core", core.to_string())),
+                        core => Share::Tdm {
+                            core,
+                            memory_mib: card.memory_mib,
+                        },
+                    },
+                    MODE_MIG => {
+                        let profile = card.profile.clone().ok_or_else(|| missing("profile"))?;
+                        Share::Mig {
+                            slices: card.slices.ok_or_else(|| missing("slices"))?,
+                            start: card.start.ok_or_else(|| missing("start"))?,
+                            memory_mib: card
+                                .memory_mib
+                                .or_else(|| profile_memory(&profile))
+                                .unwrap_or(0),
+                            profile,
+                        }
+                    }
+                    other => return Err(invalid("mode", other.to_owned())),
+                };
+                cards.push(CardPlacement {
+                    index: card.index,
+                    uuid: card.uuid.clone(),
+                    replica: u32::try_from(replica).unwrap_or(u32::MAX),
+                    share,
+                });
+            }
+            containers.push(ContainerPlacement {
+                container: c.name.clone(),
+                cards,
+                nics: c.nics.clone(),
+                locality: None,
+            });
+        }
+        Ok(Decision {
+            pod_uid: pod_uid.to_owned(),
+            node: allocation.node.clone(),
+            containers,
+            resources: Resources::default(),
+            gang,
+        })
+    }
+
+    /// The engine's record of each allocated card, in the order of [`Decision::gpu_slices`].
+    pub fn slice_inputs(&self) -> Vec<SliceInput> {
+        self.containers
+            .iter()
+            .flat_map(|c| {
+                c.cards.iter().map(|card| SliceInput {
+                    pod_uid: self.pod_uid.clone(),
+                    container: c.container.clone(),
+                    replica: card.replica,
+                    node: self.node.clone(),
+                    card_index: card.index,
+                    card_uuid: card.uuid.clone(),
+                    share: card.share.clone(),
+                })
+            })
+            .collect()
+    }
+
     /// One GpuSlice spec per allocated card, for the pod `namespace/name`.
     pub fn gpu_slices(&self, namespace: &str, name: &str) -> Vec<crds::GpuSliceSpec> {
         self.containers

@@ -1,6 +1,7 @@
 //! Conversions from Kubernetes objects and the project's custom resources.
 
 use k8s_openapi::api::core::v1::{Node, Pod};
+use proptest::prelude::*;
 use runtimekit_contract::{RuntimeKitConfig, TopologyLabels, parse_pod};
 use runtimekit_crds as crds;
 use runtimekit_placement::*;
@@ -406,5 +407,120 @@ fn gangs_and_tiers_convert() {
             name: "gang-nccl-test".into(),
             highest_tier: Tier::LeafSwitch
         }
+    );
+}
+
+fn share_strategy() -> impl Strategy<Value = Share> {
+    prop_oneof![
+        Just(Share::Whole),
+        (
+            proptest::option::of(0u8..=100),
+            proptest::option::of(1u64..100_000)
+        )
+            .prop_map(|(core, memory_mib)| Share::Tdm { core, memory_mib }),
+        (1u8..=7, 0u8..8, 1u64..100_000).prop_map(|(slices, start, memory_mib)| Share::Mig {
+            profile: format!("{slices}g.{}gb", slices * 10),
+            slices,
+            start,
+            memory_mib,
+        }),
+    ]
+}
+
+fn decision_strategy() -> impl Strategy<Value = Decision> {
+    let container = (
+        "[a-z]{1,8}",
+        proptest::collection::vec((0u32..8, share_strategy()), 1..4),
+        proptest::collection::vec("mlx5_[0-3]", 0..2),
+    )
+        .prop_map(|(name, cards, nics)| ContainerPlacement {
+            container: name,
+            cards: cards
+                .into_iter()
+                .zip(0u32..)
+                .map(|((index, share), replica)| CardPlacement {
+                    index,
+                    uuid: format!("GPU-{index}"),
+                    replica,
+                    share,
+                })
+                .collect(),
+            nics,
+            locality: None,
+        });
+    (
+        proptest::collection::vec(container, 1..3),
+        proptest::option::of("[a-z]{1,8}"),
+    )
+        .prop_map(|(containers, gang)| Decision {
+            pod_uid: "uid-1".into(),
+            node: "gpu-1".into(),
+            containers,
+            resources: Resources::default(),
+            gang,
+        })
+}
+
+proptest! {
+    /// What a restarted scheduler reads back from a pod's allocation annotation is the decision
+    /// that wrote it, and it accounts the same cards as the GpuSlices the decision wrote.
+    #[test]
+    fn allocations_round_trip_to_the_decision_and_its_slices(decision in decision_strategy()) {
+        let allocation = decision.allocation(|c, r| format!("w-0-{c}-{r}"));
+        let json = serde_json::to_string(&allocation).expect("serializes");
+        let read: runtimekit_contract::allocation::Allocation =
+            serde_json::from_str(&json).expect("parses");
+        let back = Decision::from_allocation("uid-1", decision.gang.clone(), &read)
+            .expect("readable");
+        prop_assert_eq!(&back, &decision);
+        let from_slices: Vec<SliceInput> = decision
+            .gpu_slices("ml", "w-0")
+            .into_iter()
+            .map(|spec| {
+                SliceInput::from_gpu_slice(&crds::GpuSlice::new("s", spec))
+                    .expect("valid")
+                    .expect("placed")
+            })
+            .collect();
+        prop_assert_eq!(back.slice_inputs(), from_slices);
+        let names: Vec<String> = read
+            .containers
+            .iter()
+            .flat_map(|c| c.cards.iter().map(|card| card.slice.clone()))
+            .collect();
+        let expected: Vec<String> = decision
+            .containers
+            .iter()
+            .flat_map(|c| c.cards.iter().map(|card| format!("w-0-{}-{}", c.container, card.replica)))
+            .collect();
+        prop_assert_eq!(names, expected);
+    }
+}
+
+#[test]
+fn unreadable_allocations_say_what_is_wrong() {
+    let read = |card: serde_json::Value| {
+        let allocation: runtimekit_contract::allocation::Allocation = serde_json::from_value(
+            json!({"node": "gpu-1", "containers": [{"name": "train", "cards": [card]}]}),
+        )
+        .expect("allocation");
+        Decision::from_allocation("uid-1", None, &allocation)
+            .expect_err("unreadable")
+            .to_string()
+    };
+    assert_eq!(
+        read(json!({"index": 0, "uuid": "GPU-0", "mode": "Shared", "slice": "s"})),
+        "the allocation of pod uid-1: mode \"Shared\" is not valid"
+    );
+    assert_eq!(
+        read(
+            json!({"index": 0, "uuid": "GPU-0", "mode": "MIG", "profile": "3g.40gb",
+                    "start": 4, "slice": "s"})
+        ),
+        "the allocation of pod uid-1 has no slices"
+    );
+    assert_eq!(
+        read(json!({"index": 0, "uuid": "GPU-0", "mode": "TDM", "core": 120, "slice": "s"})),
+        "the allocation of pod uid-1: core \"120\" is not valid"
     );
 }
