@@ -39,6 +39,8 @@ pub struct ClusterOptions {
     pub detached: bool,
     /// Also start kube-scheduler (the comparison peer of the scheduler benchmark).
     pub kube_scheduler: bool,
+    /// Serve the apiserver's `/debug/pprof` (the scheduler benchmark's BENCH_PROFILE).
+    pub profiling: bool,
 }
 
 /// One started process.
@@ -212,7 +214,7 @@ impl Cluster {
                 "--enable-priority-and-fairness=false".into(),
                 "--max-requests-inflight=3000".into(),
                 "--max-mutating-requests-inflight=1500".into(),
-                "--profiling=false".into(),
+                format!("--profiling={}", options.profiling),
             ],
         )?;
         self.wait_ready("kube-apiserver", &format!("{}/readyz", self.server), "ok")

@@ -64,6 +64,7 @@ impl Harness {
             dir: cluster_dir.clone(),
             detached: false,
             kube_scheduler: false,
+            profiling: false,
         }))?;
         eprintln!(
             "control plane ready in {:.1} s ({})",

@@ -6,7 +6,7 @@
 use crate::enact::{self, Decision, Orphan, PodBinding};
 use crate::health::FaultState;
 use crate::layer::InventoryRefresher;
-use crate::model::{Inventory, NodeState, SliceInfo, WholeHolder};
+use crate::model::{AwaitedSlice, Inventory, NodeState, SliceInfo, WholeHolder};
 use crate::util::AbortOnDrop;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
@@ -16,6 +16,7 @@ use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource};
+use runtimekit_contract::allocation::Allocation;
 use runtimekit_crds::{
     CONDITION_READY, GpuSlice, GpuSliceStatus, MigInstanceRef, SLICE_FINALIZER, SliceMode,
     SlicePhase,
@@ -53,6 +54,8 @@ pub struct Enactor {
     pub recorder: Recorder,
     /// How often every slice is looked at even without a change.
     pub resync: Duration,
+    /// The annotation holding a pod's allocation.
+    pub allocation_annotation: String,
 }
 
 impl std::fmt::Debug for Enactor {
@@ -111,6 +114,47 @@ fn binding(pods: &Store<Pod>, node: &str, slice: &SliceInfo) -> PodBinding {
         Some("Succeeded" | "Failed") => PodBinding::Ended,
         _ => PodBinding::Bound,
     }
+}
+
+/// The cards that pods bound to `node` were given (their allocation annotation) whose GpuSlices
+/// the agent does not see yet: the scheduler writes a pod's Binding and slices at once, so the
+/// kubelet may admit the pod a moment before its slices arrive, and the device plugin waits for
+/// them rather than guess.
+fn awaited_slices(
+    pods: &Store<Pod>,
+    node: &str,
+    annotation: &str,
+    slices: &[SliceInfo],
+) -> Vec<AwaitedSlice> {
+    let mut awaited = Vec::new();
+    for pod in pods.state() {
+        let ended = matches!(
+            pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+            Some("Succeeded" | "Failed")
+        );
+        if ended || pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) != Some(node) {
+            continue;
+        }
+        let Some(allocation) = pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(annotation))
+            .and_then(|text| serde_json::from_str::<Allocation>(text).ok())
+        else {
+            continue;
+        };
+        let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+        for card in allocation.containers.iter().flat_map(|c| &c.cards) {
+            let seen = slices
+                .iter()
+                .any(|s| s.namespace == namespace && s.name == card.slice);
+            if !seen && let Some(slice) = AwaitedSlice::of(card) {
+                awaited.push(slice);
+            }
+        }
+    }
+    awaited
 }
 
 /// What a Ready slice's status says: stable, so a restart finds it unchanged.
@@ -223,7 +267,7 @@ impl Enactor {
                 Some((o.clone(), info, pod))
             })
             .collect();
-        self.publish(&infos);
+        self.publish(&infos, pods);
         if !reachable {
             return true;
         }
@@ -257,7 +301,7 @@ impl Enactor {
             retry |= outcome.retry;
             hardware |= outcome.hardware;
         }
-        self.publish(&infos);
+        self.publish(&infos, pods);
         if let Some(inventory) = &snapshot.inventory {
             let listed: Vec<SliceInfo> = infos.iter().map(|(_, i, _)| i.clone()).collect();
             for orphan in enact::orphans(inventory.instances(), &listed) {
@@ -270,11 +314,14 @@ impl Enactor {
         retry
     }
 
-    fn publish(&self, infos: &[(Arc<GpuSlice>, SliceInfo, PodBinding)]) {
+    fn publish(&self, infos: &[(Arc<GpuSlice>, SliceInfo, PodBinding)], pods: &Store<Pod>) {
         let slices: Vec<SliceInfo> = infos.iter().map(|(_, i, _)| i.clone()).collect();
+        let awaited = awaited_slices(pods, &self.node, &self.allocation_annotation, &slices);
         self.state.send_if_modified(|state| {
-            let changed = state.slices != slices || !state.slices_synced;
+            let changed =
+                state.slices != slices || state.awaited != awaited || !state.slices_synced;
             state.slices = slices;
+            state.awaited = awaited;
             state.slices_synced = true;
             changed
         });

@@ -200,6 +200,34 @@ pub struct NodeState {
     /// Cards the kubelet gave whole to pods, by card index (empty when the pod-resources API
     /// cannot be reached).
     pub held_whole: BTreeMap<u32, Vec<WholeHolder>>,
+    /// Cards that pods bound here were given whose GpuSlices the agent does not see yet.
+    pub awaited: Vec<AwaitedSlice>,
+}
+
+/// A card a bound pod's allocation annotation names whose GpuSlice has not arrived yet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AwaitedSlice {
+    /// How the card is used.
+    pub mode: SliceMode,
+    /// Compute share in percent (TDM).
+    pub core: Option<u32>,
+    /// Memory granted in MiB, when stated.
+    pub memory_mib: Option<u64>,
+    /// MIG compute slices.
+    pub slices: Option<u32>,
+}
+
+impl AwaitedSlice {
+    /// The share an allocated card records; `None` for a mode this agent does not know.
+    pub fn of(card: &runtimekit_contract::allocation::AllocatedCard) -> Option<AwaitedSlice> {
+        let mode = serde_json::from_value(serde_json::Value::String(card.mode.clone())).ok()?;
+        Some(AwaitedSlice {
+            mode,
+            core: card.core.map(u32::from),
+            memory_mib: card.memory_mib,
+            slices: card.slices.map(u32::from),
+        })
+    }
 }
 
 impl NodeState {

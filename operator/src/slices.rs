@@ -12,8 +12,9 @@ use futures::future::join_all;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use runtimekit_crds::{GpuSlice, SLICE_FINALIZER};
+use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Runs the controller until the task is dropped.
 pub async fn run(shared: Arc<Shared>, client: Client) {
@@ -21,8 +22,9 @@ pub async fn run(shared: Arc<Shared>, client: Client) {
     loop {
         let work = shared.lock().take_work();
         if work != Work::default() {
-            apply(&shared, &client, &work).await;
+            apply(&client, &work).await;
         }
+        restore(&shared, &client).await;
         tokio::select! {
             _ = changes.changed() => {}
             () = tokio::time::sleep(Duration::from_secs(10)) => {}
@@ -30,7 +32,7 @@ pub async fn run(shared: Arc<Shared>, client: Client) {
     }
 }
 
-async fn apply(shared: &Shared, client: &Client, work: &Work) {
+async fn apply(client: &Client, work: &Work) {
     join_all(work.release.iter().map(|(namespace, name)| async move {
         let api: Api<GpuSlice> = Api::namespaced(client.clone(), namespace);
         match api.delete(name, &DeleteParams::background()).await {
@@ -51,13 +53,14 @@ async fn apply(shared: &Shared, client: &Client, work: &Work) {
         }
     }))
     .await;
-    let missing: Vec<GpuSlice> = {
-        let state = shared.lock();
-        work.restore
-            .iter()
-            .flat_map(|uid| state.missing_slices(uid))
-            .collect()
-    };
+}
+
+/// Re-creates the slices bound pods' allocations name that do not exist.
+async fn restore(shared: &Shared, client: &Client) {
+    let missing = shared.lock().restore_due(Instant::now());
+    if missing.is_empty() {
+        return;
+    }
     let created = join_all(missing.iter().map(|slice| async move {
         let namespace = slice.namespace().unwrap_or_default();
         let api: Api<GpuSlice> = Api::namespaced(client.clone(), &namespace);
@@ -67,12 +70,13 @@ async fn apply(shared: &Shared, client: &Client, work: &Work) {
                 tracing::info!(slice = %slice.name_any(), %namespace, "re-created a slice from its pod's allocation");
             }
             Err(error) => {
-                tracing::warn!(slice = %slice.name_any(), %namespace, %error, "could not re-create a slice");
+                tracing::warn!(slice = %slice.name_any(), %namespace, %error, "could not re-create a slice; will retry");
             }
         }
         created.is_ok()
     }))
     .await;
+    let now = Instant::now();
     let mut state = shared.lock();
     let accepted: Vec<&GpuSlice> = missing
         .iter()
@@ -81,15 +85,15 @@ async fn apply(shared: &Shared, client: &Client, work: &Work) {
         .map(|(s, _)| s)
         .collect();
     state.slices_created(&accepted);
-    // Tried again on the controller's next pass.
-    state.restore_later(
-        missing
-            .iter()
-            .zip(&created)
-            .filter(|(_, ok)| !**ok)
-            .map(|(s, _)| s.spec.pod.uid.clone()),
-    );
+    let mut pods: BTreeMap<&str, bool> = BTreeMap::new();
+    for (slice, ok) in missing.iter().zip(created) {
+        *pods.entry(slice.spec.pod.uid.as_str()).or_insert(true) &= ok;
+    }
+    for (uid, ok) in pods {
+        state.restored(uid, ok, now);
+    }
 }
+
 /// Removes the agent's finalizer with a JSON patch guarded by a test of the exact list, so a
 /// concurrent change makes it fail rather than drop someone else's finalizer.
 async fn remove_finalizer(api: &Api<GpuSlice>, name: &str) -> Result<(), kube::Error> {

@@ -106,9 +106,6 @@ pub struct Work {
     /// Slices whose finalizer the operator removes itself, because no agent will: their node is
     /// gone, or their pod was never bound so nothing was enacted (namespace, name).
     pub unfinalize: BTreeSet<(String, String)>,
-    /// Bound pods whose allocation names GpuSlices that do not exist, by UID: they are
-    /// re-created (see [`State::missing_slices`]).
-    pub restore: BTreeSet<String>,
 }
 
 /// The operator's state.
@@ -144,6 +141,9 @@ pub struct State {
     /// GpuSlices the apiserver accepted that the watch does not show yet, with the card each
     /// holds: they count as there, so they are neither re-created nor handed out again.
     created_unseen: HashMap<(String, String), Option<placement::SliceInput>>,
+    /// Bound pods whose allocation may name GpuSlices that do not exist, by UID, with when to
+    /// look (`None`: now) and how many re-creations failed in a row.
+    restore: HashMap<String, (Option<std::time::Instant>, u32)>,
     /// Whether capacity may have been freed or added since the scheduler last looked.
     capacity_freed: bool,
     /// Retry bookkeeping of pods that did not fit, by UID.
@@ -192,6 +192,7 @@ impl State {
             synced_pods: false,
             in_flight: HashMap::new(),
             created_unseen: HashMap::new(),
+            restore: HashMap::new(),
             capacity_freed: false,
             gang_pods: BTreeMap::new(),
             derived_groups: BTreeMap::new(),
@@ -424,7 +425,7 @@ impl State {
             self.engine.upsert_slice(input);
         }
         if missing && !self.in_flight.contains_key(uid) {
-            self.work.restore.insert(uid.to_owned());
+            self.restore.entry(uid.to_owned()).or_insert((None, 0));
         }
     }
 
@@ -455,6 +456,7 @@ impl State {
             self.created_unseen
                 .remove(&(namespace.to_owned(), name.clone()));
         }
+        self.restore.remove(uid);
     }
 
     /// GpuSlices the apiserver accepted: until the watch shows them they count as there.
@@ -468,9 +470,40 @@ impl State {
         }
     }
 
-    /// Pods whose slices could not be re-created: the controller tries again on its next pass.
-    pub fn restore_later(&mut self, uids: impl IntoIterator<Item = String>) {
-        self.work.restore.extend(uids);
+    /// The GpuSlices to re-create now: those that bound pods' allocations name and that do not
+    /// exist, for pods not waiting after a failed re-creation.
+    pub fn restore_due(&mut self, now: std::time::Instant) -> Vec<GpuSlice> {
+        let due: Vec<String> = self
+            .restore
+            .iter()
+            .filter(|(_, (next, _))| next.is_none_or(|t| t <= now))
+            .map(|(uid, _)| uid.clone())
+            .collect();
+        let mut slices = Vec::new();
+        for uid in due {
+            let missing = self.missing_slices(&uid);
+            if missing.is_empty() {
+                self.restore.remove(&uid);
+            }
+            slices.extend(missing);
+        }
+        slices
+    }
+
+    /// The re-creation of a pod's slices went as `created` says: a failure is tried again after
+    /// a backoff (2 s doubling to 60 s), so a namespace being deleted or an apiserver refusing
+    /// is not hammered.
+    pub fn restored(&mut self, uid: &str, created: bool, now: std::time::Instant) {
+        if created {
+            self.restore.remove(uid);
+            return;
+        }
+        let entry = self.restore.entry(uid.to_owned()).or_insert((None, 0));
+        entry.1 += 1;
+        let delay = Duration::from_secs(1)
+            .saturating_mul(1 << entry.1.min(6))
+            .min(MAX_BACKOFF);
+        entry.0 = Some(now + delay);
     }
 
     /// The GpuSlices a bound pod's allocation names that do not exist, to create.
@@ -670,8 +703,13 @@ impl State {
         }
         self.created_unseen.remove(&key);
         // A live bound pod keeps what its allocation records; a named slice that went away is
-        // re-created.
+        // re-created, after a grace period in which the pod usually turns out to be going too
+        // (a namespace being deleted takes the slices first).
+        let queued = self.restore.contains_key(&record.pod_uid);
         self.settle_recorded(&record.pod_uid);
+        if !queued && let Some(entry) = self.restore.get_mut(&record.pod_uid) {
+            entry.0 = Some(std::time::Instant::now() + RESTORE_GRACE);
+        }
     }
 }
 
@@ -1070,6 +1108,9 @@ struct Attempts {
     /// The pod breaks the contract: only replacing it helps, so freed capacity does not hurry it.
     broken: bool,
 }
+
+/// How long a slice deleted under a live bound pod waits before it is re-created.
+pub const RESTORE_GRACE: Duration = Duration::from_secs(5);
 
 /// The longest a pod waits between attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(60);

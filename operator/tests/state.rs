@@ -9,7 +9,7 @@ use runtimekit_crds::{
     CardHealth, CardStatus, GpuSlice, TopologyGroup, TopologyGroupSpec, TopologyGroupStatus, Vendor,
 };
 use runtimekit_operator::scheduler::slices_and_allocation;
-use runtimekit_operator::state::{Binding, Outcome, State};
+use runtimekit_operator::state::{Binding, Outcome, RESTORE_GRACE, State};
 use serde_json::json;
 use std::time::{Duration, Instant};
 
@@ -376,19 +376,19 @@ fn a_restarted_operator_rebuilds_allocations_from_pod_annotations() {
         matches!(after.schedule("uid-c", now), Outcome::Unschedulable { .. }),
         "both cards are held"
     );
-    let work = after.take_work();
-    assert!(work.restore.contains("uid-a"), "{work:?}");
-    assert!(!work.restore.contains("uid-b"), "b's slice was written");
     assert_eq!(
-        after.missing_slices("uid-a"),
+        after.restore_due(now),
         a_slices,
-        "the slice is re-created as the first operator would have written it"
+        "only a's slice is re-created, as the first operator would have written it"
     );
+    // A failed re-creation waits before it is tried again.
+    after.restored("uid-a", false, now);
+    assert!(after.restore_due(now + Duration::from_secs(1)).is_empty());
+    assert_eq!(after.restore_due(now + Duration::from_secs(2)), a_slices);
 
     // Once the re-created slice shows, nothing is missing and the card stays held.
     after.apply_slice(&a_slices[0]);
-    assert!(after.missing_slices("uid-a").is_empty());
-    assert!(after.take_work().restore.is_empty());
+    assert!(after.restore_due(now + Duration::from_secs(60)).is_empty());
     assert!(matches!(
         after.schedule("uid-c", now + Duration::from_secs(5)),
         Outcome::Unschedulable { .. }
@@ -437,10 +437,16 @@ fn a_slice_deleted_under_a_running_pod_is_recreated_and_its_card_stays_held() {
     state.apply_pod(&pod("a", whole(), 10));
     let a = bind(&mut state, "uid-a", now);
     let (_, a_slices) = land(&mut state, &a);
-    assert!(state.take_work().restore.is_empty());
+    assert!(state.restore_due(now).is_empty());
     state.delete_slice("ns", &a_slices[0].metadata.name.clone().expect("name"));
-    assert!(state.take_work().restore.contains("uid-a"));
-    assert_eq!(state.missing_slices("uid-a"), a_slices);
+    assert!(
+        state.restore_due(Instant::now()).is_empty(),
+        "the pod may be going too"
+    );
+    assert_eq!(
+        state.restore_due(Instant::now() + RESTORE_GRACE + Duration::from_secs(1)),
+        a_slices
+    );
     state.apply_pod(&pod("b", whole(), 5));
     assert!(
         matches!(state.schedule("uid-b", now), Outcome::Unschedulable { .. }),
@@ -458,12 +464,12 @@ fn writes_that_race_the_watch_are_neither_recreated_nor_handed_out() {
     // The watch shows the pod bound while its slice is still being written.
     state.apply_pod(&a_pod);
     assert!(state.in_flight("uid-a"), "its writes are still running");
-    assert!(state.take_work().restore.is_empty());
+    assert!(state.restore_due(now).is_empty());
     state.slices_created(&a_slices.iter().collect::<Vec<_>>());
     state.bound("uid-a");
     assert!(!state.in_flight("uid-a"));
     assert!(
-        state.take_work().restore.is_empty(),
+        state.restore_due(now).is_empty(),
         "the accepted slice is not written twice"
     );
     state.apply_slice(&a_slices[0]);
@@ -475,8 +481,7 @@ fn writes_that_race_the_watch_are_neither_recreated_nor_handed_out() {
     let (b_pod, b_slices) = written(&b);
     state.apply_pod(&b_pod);
     state.bound("uid-b");
-    assert!(state.take_work().restore.contains("uid-b"));
-    assert_eq!(state.missing_slices("uid-b"), b_slices);
+    assert_eq!(state.restore_due(now), b_slices);
     state.apply_pod(&pod("c", whole(), 1));
     assert!(
         matches!(state.schedule("uid-c", now), Outcome::Unschedulable { .. }),

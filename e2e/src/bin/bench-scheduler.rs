@@ -41,11 +41,13 @@ async fn main() -> Result<()> {
         dir: dir.clone(),
         detached: false,
         kube_scheduler: true,
+        profiling: std::env::var_os("BENCH_PROFILE").is_some(),
     })
     .await?;
     let result = bench(&cluster).await;
     drop(cluster);
-    if result.is_ok() {
+    // Profiles are kept for reading; otherwise a good run leaves nothing behind.
+    if result.is_ok() && std::env::var_os("BENCH_PROFILE").is_none() {
         let _ = std::fs::remove_dir_all(&dir);
     }
     result
@@ -79,6 +81,7 @@ async fn bench(cluster: &Cluster) -> Result<()> {
     // Every run cleans up after itself, so the next one starts on free cards.
     let kube = if wanted("kube") {
         burst(
+            cluster,
             &client,
             &processes,
             "bench-kube",
@@ -91,12 +94,30 @@ async fn bench(cluster: &Cluster) -> Result<()> {
         Run::default()
     };
     let ours = if wanted("ours") {
-        burst(&client, &processes, "bench-ours", OURS, &whole, PODS).await?
+        burst(
+            cluster,
+            &client,
+            &processes,
+            "bench-ours",
+            OURS,
+            &whole,
+            PODS,
+        )
+        .await?
     } else {
         Run::default()
     };
     let tdm = if wanted("tdm") {
-        burst(&client, &processes, "bench-tdm", OURS, &tdm_limits, PODS).await?
+        burst(
+            cluster,
+            &client,
+            &processes,
+            "bench-tdm",
+            OURS,
+            &tdm_limits,
+            PODS,
+        )
+        .await?
     } else {
         Run::default()
     };
@@ -417,6 +438,7 @@ fn watch_bound(
 
 /// Creates `count` pods as fast as the apiserver takes them and measures until all are bound.
 async fn burst(
+    cluster: &Cluster,
     client: &Client,
     processes: &Processes,
     ns: &str,
@@ -431,6 +453,7 @@ async fn burst(
     let api: Api<Pod> = Api::namespaced(client.clone(), ns);
     let created = Arc::new(Mutex::new(HashMap::new()));
     let cpu_before = processes.cpu();
+    let profile = profile_apiserver(cluster, ns)?;
     let start = Instant::now();
     stream::iter(0..count)
         .map(|i| {
@@ -460,8 +483,28 @@ async fn burst(
         "{ns}: {:.0} pods/s, p99 {:.0} ms",
         run.pods_per_sec, run.p99_ms
     );
+    if let Some((mut kubectl, path)) = profile {
+        kubectl.wait()?;
+        eprintln!("{ns}: apiserver CPU profile in {}", path.display());
+    }
     cleanup(client, ns).await?;
     Ok(run)
+}
+
+/// With BENCH_PROFILE set, records a CPU profile of the apiserver over the first
+/// `BENCH_PROFILE` seconds of a run (read it with `go tool pprof -top`).
+fn profile_apiserver(cluster: &Cluster, ns: &str) -> Result<Option<(Child, std::path::PathBuf)>> {
+    let Ok(seconds) = std::env::var("BENCH_PROFILE") else {
+        return Ok(None);
+    };
+    let path = cluster.dir.join(format!("apiserver-{ns}.pprof"));
+    let kubectl = cluster
+        .kubectl()
+        .args(["get", "--raw"])
+        .arg(format!("/debug/pprof/profile?seconds={seconds}"))
+        .stdout(std::fs::File::create(&path)?)
+        .spawn()?;
+    Ok(Some((kubectl, path)))
 }
 
 async fn wait_all_bound(

@@ -45,6 +45,7 @@ async fn main() -> ExitCode {
                 dir: dir.clone(),
                 detached: true,
                 kube_scheduler,
+                profiling: false,
             })
             .await
             {

@@ -8,7 +8,7 @@
 //! unless two such pods arrive together, in which case only the attribution in the kubelet's
 //! books can differ, never the cards a container uses (those come from its slices).
 
-use crate::model::{NodeState, SliceInfo};
+use crate::model::{AwaitedSlice, NodeState, SliceInfo};
 use crate::resources::{Advertised, Kind, base_id, devices, whole_card_available};
 use runtimekit_crds::{SliceMode, SlicePhase};
 use runtimekit_proto::deviceplugin::v1beta1 as dp;
@@ -35,24 +35,40 @@ pub struct Candidate {
 }
 
 fn wants(kind: Kind, slice: &SliceInfo) -> Option<u32> {
-    match (kind, slice.mode) {
+    share_wants(
+        kind,
+        &AwaitedSlice {
+            mode: slice.mode,
+            core: slice.core,
+            memory_mib: slice.memory_mib,
+            slices: slice.slices,
+        },
+    )
+}
+
+/// How many devices of `kind` a share asks for, if any.
+fn share_wants(kind: Kind, share: &AwaitedSlice) -> Option<u32> {
+    match (kind, share.mode) {
         (Kind::Whole { .. }, SliceMode::Whole) => Some(1),
-        (Kind::Core, SliceMode::Tdm) => slice.core,
+        (Kind::Core, SliceMode::Tdm) => share.core,
         (Kind::Memory, SliceMode::Tdm | SliceMode::Mig) => {
-            slice.memory_mib.and_then(|m| u32::try_from(m / 1024).ok())
+            share.memory_mib.and_then(|m| u32::try_from(m / 1024).ok())
         }
-        (Kind::Slice, SliceMode::Mig) => slice.slices,
+        (Kind::Slice, SliceMode::Mig) => share.slices,
         _ => None,
     }
 }
 
-/// Whether a slice asking for devices of `kind` waits for the agent to see its pod bound: the
-/// pod the kubelet is admitting may be its, seen by the kubelet a moment before the agent.
+/// Whether a suggestion for devices of `kind` waits for the agent to catch up, because the pod
+/// the kubelet is admitting may be one the agent does not fully see yet: a slice whose pod it
+/// does not see bound, or a bound pod whose slices have not arrived (the scheduler writes both
+/// at once).
 pub fn awaiting_binding(kind: Kind, state: &NodeState) -> bool {
     state
         .slices
         .iter()
         .any(|s| !s.pod_bound && !s.deleting && wants(kind, s).is_some())
+        || state.awaited.iter().any(|a| share_wants(kind, a).is_some())
 }
 
 /// The containers of pods bound to this node whose slices ask for devices of `kind`, oldest
@@ -306,6 +322,39 @@ mod tests {
             must_include_device_i_ds: must.iter().map(|s| (*s).to_owned()).collect(),
             allocation_size: size,
         }
+    }
+
+    #[test]
+    fn suggestions_wait_for_the_slices_a_bound_pod_was_given() {
+        let mut state = four_cards();
+        let kinds = [
+            Kind::Whole { nvidia_only: true },
+            Kind::Core,
+            Kind::Memory,
+            Kind::Slice,
+        ];
+        assert!(kinds.iter().all(|k| !awaiting_binding(*k, &state)));
+        let card = runtimekit_contract::allocation::AllocatedCard {
+            mode: "TDM".into(),
+            core: Some(30),
+            memory_mib: Some(4096),
+            slice: "p-abc-0-0".into(),
+            ..Default::default()
+        };
+        state
+            .awaited
+            .push(AwaitedSlice::of(&card).expect("a known mode"));
+        let waiting: Vec<bool> = kinds.iter().map(|k| awaiting_binding(*k, &state)).collect();
+        assert_eq!(
+            waiting,
+            [false, true, true, false],
+            "only the resources the share asks for wait"
+        );
+        let unknown = runtimekit_contract::allocation::AllocatedCard {
+            mode: "Shared".into(),
+            ..card
+        };
+        assert_eq!(AwaitedSlice::of(&unknown), None);
     }
 
     fn ids(resource: &Advertised, state: &NodeState) -> Vec<String> {
