@@ -377,13 +377,9 @@ impl Controller {
             Ok::<(), scheduler::BindError>(())
         }))
         .await;
-        let accepted: Vec<&GpuSlice> = all_slices
-            .iter()
-            .zip(&created)
-            .filter(|(_, r)| r.is_ok())
-            .map(|(s, _)| s)
-            .collect();
-        self.shared.lock().slices_created(&accepted);
+        self.shared
+            .lock()
+            .slices_created(all_slices.iter().zip(created.iter().map(Result::is_ok)));
         let mut ok = created.iter().all(Result::is_ok);
         if ok {
             let annotation = binding.annotation.as_str();
@@ -408,12 +404,12 @@ impl Controller {
             self.shared.lock().gang_bound(namespace, name, &uids);
         } else {
             self.shared.lock().gang_rolled_back(namespace, name, &uids);
-            let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
-            for (pod, _) in &binding.members {
-                let _ = pods
-                    .delete(&pod.name_any(), &DeleteParams::background())
-                    .await;
-            }
+            let names: Vec<String> = binding
+                .members
+                .iter()
+                .map(|(pod, _)| pod.name_any())
+                .collect();
+            self.delete_members(namespace, &names).await;
         }
         self.shared.wake();
         ok
@@ -424,13 +420,31 @@ impl Controller {
     async fn roll_back(&self, namespace: &str, name: &str, snapshot: &Snapshot) {
         let uids: Vec<String> = snapshot.members.iter().map(|m| m.uid.clone()).collect();
         self.shared.lock().gang_rolled_back(namespace, name, &uids);
+        let bound: Vec<String> = snapshot
+            .members
+            .iter()
+            .filter(|m| m.bound)
+            .map(|m| m.name.clone())
+            .collect();
+        self.delete_members(namespace, &bound).await;
+        tracing::info!(gang = name, %namespace, "gang timed out and was rolled back");
+    }
+
+    /// Deletes members of a rolled-back attempt (their controller recreates them). A member
+    /// whose delete fails stays bound, and the gang's next timeout rolls it back again.
+    async fn delete_members(&self, namespace: &str, names: &[String]) {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
-        for member in snapshot.members.iter().filter(|m| m.bound) {
-            if let Err(error) = pods.delete(&member.name, &DeleteParams::background()).await {
-                tracing::warn!(pod = %member.name, %namespace, %error, "could not delete a gang member on rollback");
+        let params = DeleteParams::background();
+        let deleted = join_all(names.iter().map(|name| pods.delete(name, &params))).await;
+        for (name, result) in names.iter().zip(deleted) {
+            match result {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(error) => {
+                    tracing::warn!(pod = %name, %namespace, %error, "could not delete a gang member on rollback");
+                }
             }
         }
-        tracing::info!(gang = name, %namespace, "gang timed out and was rolled back");
     }
 
     async fn report_members(

@@ -222,13 +222,9 @@ async fn bind<P>(shared: &Shared, client: &Client, reports: &Reports, binding: B
         .metrics
         .binding_seconds
         .observe(started.elapsed().as_secs_f64());
-    let accepted: Vec<&GpuSlice> = slices
-        .iter()
-        .zip(&created)
-        .filter(|(_, r)| r.is_ok())
-        .map(|(s, _)| s)
-        .collect();
-    shared.lock().slices_created(&accepted);
+    shared
+        .lock()
+        .slices_created(slices.iter().zip(created.iter().map(Result::is_ok)));
     for error in created.iter().filter_map(|r| r.as_ref().err()) {
         tracing::warn!(pod = %pod.name_any(), %error, "writing a GpuSlice failed");
     }

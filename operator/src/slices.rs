@@ -78,13 +78,7 @@ async fn restore(shared: &Shared, client: &Client) {
     .await;
     let now = Instant::now();
     let mut state = shared.lock();
-    let accepted: Vec<&GpuSlice> = missing
-        .iter()
-        .zip(&created)
-        .filter(|(_, ok)| **ok)
-        .map(|(s, _)| s)
-        .collect();
-    state.slices_created(&accepted);
+    state.slices_created(missing.iter().zip(created.iter().copied()));
     let mut pods: BTreeMap<&str, bool> = BTreeMap::new();
     for (slice, ok) in missing.iter().zip(created) {
         *pods.entry(slice.spec.pod.uid.as_str()).or_insert(true) &= ok;

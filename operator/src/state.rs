@@ -459,9 +459,10 @@ impl State {
         self.restore.remove(uid);
     }
 
-    /// GpuSlices the apiserver accepted: until the watch shows them they count as there.
-    pub fn slices_created(&mut self, slices: &[&GpuSlice]) {
-        for slice in slices {
+    /// GpuSlices written, each with whether the apiserver accepted it: until the watch shows the
+    /// accepted ones they count as there.
+    pub fn slices_created<'a>(&mut self, written: impl IntoIterator<Item = (&'a GpuSlice, bool)>) {
+        for (slice, _) in written.into_iter().filter(|(_, accepted)| *accepted) {
             let key = (slice.namespace().unwrap_or_default(), slice.name_any());
             if !self.slices.contains_key(&key) {
                 let input = placement::SliceInput::from_gpu_slice(slice).ok().flatten();

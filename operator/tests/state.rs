@@ -116,7 +116,7 @@ fn written(binding: &Binding) -> (Pod, Vec<GpuSlice>) {
 fn land(state: &mut State, binding: &Binding) -> (Pod, Vec<GpuSlice>) {
     let (pod, slices) = written(binding);
     let uid = pod.metadata.uid.clone().expect("uid");
-    state.slices_created(&slices.iter().collect::<Vec<_>>());
+    state.slices_created(slices.iter().map(|s| (s, true)));
     state.bound(&uid);
     for slice in &slices {
         state.apply_slice(slice);
@@ -465,7 +465,7 @@ fn writes_that_race_the_watch_are_neither_recreated_nor_handed_out() {
     state.apply_pod(&a_pod);
     assert!(state.in_flight("uid-a"), "its writes are still running");
     assert!(state.restore_due(now).is_empty());
-    state.slices_created(&a_slices.iter().collect::<Vec<_>>());
+    state.slices_created(a_slices.iter().map(|s| (s, true)));
     state.bound("uid-a");
     assert!(!state.in_flight("uid-a"));
     assert!(
@@ -497,7 +497,7 @@ fn a_failed_binding_keeps_the_cards_of_slices_it_wrote() {
     let a = bind(&mut state, "uid-a", now);
     let (_, a_slices) = written(&a);
     // The slice was accepted but the Binding failed; the watch has not shown the slice yet.
-    state.slices_created(&a_slices.iter().collect::<Vec<_>>());
+    state.slices_created(a_slices.iter().map(|s| (s, true)));
     state.bind_failed("uid-a", now, "posting the Binding: timeout");
     state.apply_pod(&pod("b", whole(), 5));
     let b = bind(&mut state, "uid-b", now);
