@@ -323,25 +323,30 @@ pub async fn post_binding(
     let posted: Result<serde_json::Value, kube::Error> = pods
         .create_subresource("binding", &pod.name_any(), &PostParams::default(), &binding)
         .await;
-    match posted {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(e)) if e.code == 409 => {
-            let current = pods
-                .get(&pod.name_any())
-                .await
-                .map_err(BindError::Binding)?;
-            let node = current.spec.as_ref().and_then(|s| s.node_name.clone());
-            let same = node.as_deref() == Some(allocation.node.as_str())
-                && current.annotations().get(annotation) == Some(&recorded);
-            if same {
-                Ok(())
-            } else {
-                Err(BindError::BoundElsewhere {
-                    node: node.unwrap_or_default(),
-                })
-            }
+    let error = match posted {
+        Ok(_) => return Ok(()),
+        // A plain rejection: the Binding did not land.
+        Err(kube::Error::Api(e)) if e.code != 409 && e.code < 500 => {
+            return Err(BindError::Binding(kube::Error::Api(e)));
         }
-        Err(e) => Err(BindError::Binding(e)),
+        // Already bound (an earlier try landed), or the request's fate is unknown (a timeout,
+        // a dropped connection): the pod says whether this Binding is the one that holds.
+        Err(e) => e,
+    };
+    let current = pods
+        .get(&pod.name_any())
+        .await
+        .map_err(BindError::Binding)?;
+    let node = current.spec.as_ref().and_then(|s| s.node_name.clone());
+    match node {
+        Some(node)
+            if node == allocation.node
+                && current.annotations().get(annotation) == Some(&recorded) =>
+        {
+            Ok(())
+        }
+        Some(node) => Err(BindError::BoundElsewhere { node }),
+        None => Err(BindError::Binding(error)),
     }
 }
 

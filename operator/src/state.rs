@@ -293,6 +293,9 @@ impl State {
                 request,
                 pod: Arc::new(prune(pod)),
             });
+        if recorded.is_none() && self.pods.get(&uid).is_some_and(|p| p.recorded.is_some()) {
+            self.forget_recorded(&uid);
+        }
         match (&node, ended) {
             (Some(node), false) => match placement::Resources::from_pod(pod, &self.names) {
                 Ok(resources) => self.engine.upsert_pod_usage(&uid, node, &resources),
@@ -348,15 +351,10 @@ impl State {
                 .or_default()
                 .insert(uid.clone());
         }
-        let (namespace, recorded) = (record.namespace.clone(), record.recorded.clone());
+        let recorded = record.recorded.clone();
         let old = self.pods.insert(uid.clone(), record);
-        let was_recorded = old.and_then(|p| p.recorded);
-        if recorded != was_recorded {
-            match (recorded, was_recorded) {
-                (Some(_), _) => self.settle_recorded(&uid),
-                (None, Some(old)) => self.forget_recorded(&namespace, &uid, &old),
-                (None, None) => {}
-            }
+        if recorded.is_some() && recorded != old.and_then(|p| p.recorded) {
+            self.settle_recorded(&uid);
         }
     }
 
@@ -430,33 +428,19 @@ impl State {
     }
 
     /// A pod whose allocation counted has ended or is gone: its cards are held by its slices
-    /// alone from now on, until they are released.
-    fn forget_recorded(&mut self, namespace: &str, uid: &str, recorded: &Recorded) {
-        let existing: Vec<placement::SliceInput> = self
-            .slices_of(uid)
-            .into_iter()
-            .filter_map(|s| s.input.clone())
-            .collect();
-        for input in recorded.decision.slice_inputs() {
-            let backed = existing
-                .iter()
-                .any(|e| e.container == input.container && e.replica == input.replica);
-            if !backed
-                && self
-                    .engine
-                    .remove_slice(uid, &input.container, input.replica)
-            {
-                self.capacity_freed = true;
-            }
-        }
-        for input in existing {
-            self.engine.upsert_slice(input);
-        }
-        for name in &recorded.slices {
-            self.created_unseen
-                .remove(&(namespace.to_owned(), name.clone()));
-        }
+    /// alone from now on (those the watch shows and those written but not shown yet), until
+    /// they are released.
+    fn forget_recorded(&mut self, uid: &str) {
+        self.release_to_written_slices(uid);
         self.restore.remove(uid);
+    }
+
+    /// Drops what the engine holds for `uid` beyond the slices it did write.
+    fn release_to_written_slices(&mut self, uid: &str) {
+        if self.engine.release(uid) {
+            self.capacity_freed = true;
+        }
+        self.keep_written_slices(uid);
     }
 
     /// GpuSlices written, each with whether the apiserver accepted it: until the watch shows the
@@ -585,9 +569,14 @@ impl State {
         let bound = removed.as_ref().is_none_or(|p| p.node.is_some());
         if let Some(record) = &removed {
             self.pending.remove(&(record.created, uid.to_owned()));
-            if let Some(recorded) = &record.recorded {
-                self.forget_recorded(&record.namespace, uid, recorded);
+            if record.recorded.is_some() {
+                self.forget_recorded(uid);
             }
+        }
+        // A decision whose writes are done holds only the slices it wrote once its pod is gone;
+        // one still being written is settled when its writes end.
+        if self.in_flight.get(uid) != Some(&false) {
+            self.release_to_written_slices(uid);
         }
         self.attempts.remove(uid);
         self.in_flight.remove(uid);
@@ -1276,7 +1265,11 @@ impl State {
     /// the watch shows it bound, so it is never decided a second time in between.
     pub fn bound(&mut self, uid: &str) {
         self.attempts.remove(uid);
-        if self.pods.get(uid).is_none_or(|p| p.pending.is_none()) {
+        if !self.pods.contains_key(uid) {
+            // The pod was deleted while its writes ran: only the slices it wrote hold cards.
+            self.in_flight.remove(uid);
+            self.release_to_written_slices(uid);
+        } else if self.pods.get(uid).is_some_and(|p| p.pending.is_none()) {
             self.in_flight.remove(uid);
             // Slices whose writes failed are re-created from the allocation.
             self.settle_recorded(uid);
@@ -1303,8 +1296,10 @@ impl State {
             self.settle_recorded(uid);
             return false;
         }
-        self.engine.release(uid);
-        self.keep_written_slices(uid);
+        self.release_to_written_slices(uid);
+        if !self.pods.contains_key(uid) {
+            return false;
+        }
         self.back_off(uid, now, message)
     }
 

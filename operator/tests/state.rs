@@ -529,3 +529,75 @@ fn an_ended_pod_frees_the_cards_only_its_annotation_held() {
     state.apply_pod(&pod("b", whole(), 5));
     bind(&mut state, "uid-b", now);
 }
+
+#[test]
+fn a_pod_deleted_while_its_writes_ran_holds_only_the_slices_it_wrote() {
+    let mut state = cluster(1);
+    let now = Instant::now();
+    state.apply_pod(&pod("a", whole(), 10));
+    let a = bind(&mut state, "uid-a", now);
+    // The watch folds the bound and the deleted pod into one deletion while the writes run;
+    // the Binding landed but the slice's write failed.
+    state.delete_pod("uid-a");
+    state.bound("uid-a");
+    assert!(!state.in_flight("uid-a"));
+    assert!(state.missing_slices("uid-a").is_empty(), "a is gone");
+    state.apply_pod(&pod("b", whole(), 5));
+    assert_eq!(card_of(&bind(&mut state, "uid-b", now)), card_of(&a));
+}
+
+#[test]
+fn a_pod_deleted_after_its_writes_holds_only_the_slices_it_wrote() {
+    let mut state = cluster(2);
+    let now = Instant::now();
+    state.apply_pod(&pod("a", whole(), 10));
+    let a = bind(&mut state, "uid-a", now);
+    let (_, a_slices) = written(&a);
+    // The writes end before the watch shows the pod bound; then it is deleted.
+    state.slices_created(a_slices.iter().map(|s| (s, true)));
+    state.bound("uid-a");
+    state.delete_pod("uid-a");
+    state.apply_pod(&pod("b", whole(), 5));
+    let b = bind(&mut state, "uid-b", now);
+    assert_ne!(
+        card_of(&b),
+        card_of(&a),
+        "a's slice is written though not seen yet"
+    );
+    state.apply_slice(&a_slices[0]);
+    state.delete_slice("ns", &a_slices[0].metadata.name.clone().expect("name"));
+    state.apply_pod(&pod("c", whole(), 1));
+    assert_eq!(card_of(&bind(&mut state, "uid-c", now)), card_of(&a));
+}
+
+#[test]
+fn a_bound_pod_ending_before_its_slices_show_keeps_their_cards() {
+    let mut state = cluster(1);
+    let now = Instant::now();
+    state.apply_pod(&pod("a", whole(), 10));
+    let a = bind(&mut state, "uid-a", now);
+    let (a_pod, a_slices) = written(&a);
+    state.apply_pod(&a_pod);
+    state.slices_created(a_slices.iter().map(|s| (s, true)));
+    state.bound("uid-a");
+    state.delete_pod("uid-a");
+    state.apply_pod(&pod("b", whole(), 5));
+    assert!(
+        matches!(state.schedule("uid-b", now), Outcome::Unschedulable { .. }),
+        "the slice a wrote holds the card until it is gone"
+    );
+}
+
+#[test]
+fn a_pod_deleted_after_writes_that_failed_frees_its_card() {
+    let mut state = cluster(1);
+    let now = Instant::now();
+    state.apply_pod(&pod("a", whole(), 10));
+    let a = bind(&mut state, "uid-a", now);
+    let (_, a_slices) = written(&a);
+    state.slices_created(a_slices.iter().map(|s| (s, false)));
+    state.bound("uid-a");
+    state.delete_pod("uid-a");
+    state.apply_pod(&pod("b", whole(), 5));
+    assert_eq!(card_of(&bind(&mut state, "uid-b", now)), card_of(&a));
+}
