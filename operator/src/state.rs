@@ -293,8 +293,10 @@ impl State {
                 request,
                 pod: Arc::new(prune(pod)),
             });
-        if recorded.is_none() && self.pods.get(&uid).is_some_and(|p| p.recorded.is_some()) {
-            self.forget_recorded(&uid);
+        let was = self.pods.get(&uid);
+        let newly_ended = ended && was.is_none_or(|p| !p.ended);
+        if newly_ended || (recorded.is_none() && was.is_some_and(|p| p.recorded.is_some())) {
+            self.hold_only_written_slices(&uid);
         }
         match (&node, ended) {
             (Some(node), false) => match placement::Resources::from_pod(pod, &self.names) {
@@ -427,20 +429,24 @@ impl State {
         }
     }
 
-    /// A pod whose allocation counted has ended or is gone: its cards are held by its slices
-    /// alone from now on (those the watch shows and those written but not shown yet), until
-    /// they are released.
-    fn forget_recorded(&mut self, uid: &str) {
-        self.release_to_written_slices(uid);
+    /// From now on `uid`'s cards are held by the slices it wrote alone (those the watch shows and
+    /// those written but not shown yet), until they are released: for a pod that ended, is gone,
+    /// lost its allocation annotation, or whose binding failed. While its writes still run this
+    /// waits; they call it again when they end.
+    fn hold_only_written_slices(&mut self, uid: &str) {
         self.restore.remove(uid);
-    }
-
-    /// Drops what the engine holds for `uid` beyond the slices it did write.
-    fn release_to_written_slices(&mut self, uid: &str) {
+        if self.in_flight.get(uid) == Some(&false) {
+            return;
+        }
         if self.engine.release(uid) {
             self.capacity_freed = true;
         }
         self.keep_written_slices(uid);
+    }
+
+    /// Whether `uid`'s pod is gone or has ended.
+    fn finished(&self, uid: &str) -> bool {
+        self.pods.get(uid).is_none_or(|p| p.ended)
     }
 
     /// GpuSlices written, each with whether the apiserver accepted it: until the watch shows the
@@ -569,15 +575,8 @@ impl State {
         let bound = removed.as_ref().is_none_or(|p| p.node.is_some());
         if let Some(record) = &removed {
             self.pending.remove(&(record.created, uid.to_owned()));
-            if record.recorded.is_some() {
-                self.forget_recorded(uid);
-            }
         }
-        // A decision whose writes are done holds only the slices it wrote once its pod is gone;
-        // one still being written is settled when its writes end.
-        if self.in_flight.get(uid) != Some(&false) {
-            self.release_to_written_slices(uid);
-        }
+        self.hold_only_written_slices(uid);
         self.attempts.remove(uid);
         self.in_flight.remove(uid);
         self.remove_pod_usage(uid);
@@ -1265,10 +1264,10 @@ impl State {
     /// the watch shows it bound, so it is never decided a second time in between.
     pub fn bound(&mut self, uid: &str) {
         self.attempts.remove(uid);
-        if !self.pods.contains_key(uid) {
-            // The pod was deleted while its writes ran: only the slices it wrote hold cards.
+        if self.finished(uid) {
+            // The pod ended or was deleted while its writes ran.
             self.in_flight.remove(uid);
-            self.release_to_written_slices(uid);
+            self.hold_only_written_slices(uid);
         } else if self.pods.get(uid).is_some_and(|p| p.pending.is_none()) {
             self.in_flight.remove(uid);
             // Slices whose writes failed are re-created from the allocation.
@@ -1291,15 +1290,16 @@ impl State {
     /// The binding of `uid` failed: its capacity returns and it retries after a backoff.
     pub fn bind_failed(&mut self, uid: &str, now: std::time::Instant, message: &str) -> bool {
         self.in_flight.remove(uid);
+        if self.finished(uid) {
+            self.hold_only_written_slices(uid);
+            return false;
+        }
         if self.pods.get(uid).is_some_and(|p| p.node.is_some()) {
             // The pod is bound all the same (an earlier try landed): what it records counts.
             self.settle_recorded(uid);
             return false;
         }
-        self.release_to_written_slices(uid);
-        if !self.pods.contains_key(uid) {
-            return false;
-        }
+        self.hold_only_written_slices(uid);
         self.back_off(uid, now, message)
     }
 

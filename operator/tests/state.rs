@@ -96,6 +96,15 @@ fn bind(state: &mut State, uid: &str, now: Instant) -> Binding {
     .expect("the pod is placed")
 }
 
+/// A cluster of `cards` cards where pod `a`, asking for one whole card, has just been decided.
+fn decided_a(cards: u32) -> (State, Instant, Binding) {
+    let mut state = cluster(cards);
+    let now = Instant::now();
+    state.apply_pod(&pod("a", whole(), 10));
+    let a = bind(&mut state, "uid-a", now);
+    (state, now, a)
+}
+
 /// The pod as the apiserver has it once the Binding landed (on its node, with the allocation
 /// annotation the Binding carried), and the slices the binding writes.
 fn written(binding: &Binding) -> (Pod, Vec<GpuSlice>) {
@@ -432,10 +441,7 @@ fn slices_the_allocation_does_not_name_are_released_and_not_counted() {
 
 #[test]
 fn a_slice_deleted_under_a_running_pod_is_recreated_and_its_card_stays_held() {
-    let mut state = cluster(1);
-    let now = Instant::now();
-    state.apply_pod(&pod("a", whole(), 10));
-    let a = bind(&mut state, "uid-a", now);
+    let (mut state, now, a) = decided_a(1);
     let (_, a_slices) = land(&mut state, &a);
     assert!(state.restore_due(now).is_empty());
     state.delete_slice("ns", &a_slices[0].metadata.name.clone().expect("name"));
@@ -456,10 +462,7 @@ fn a_slice_deleted_under_a_running_pod_is_recreated_and_its_card_stays_held() {
 
 #[test]
 fn writes_that_race_the_watch_are_neither_recreated_nor_handed_out() {
-    let mut state = cluster(2);
-    let now = Instant::now();
-    state.apply_pod(&pod("a", whole(), 10));
-    let a = bind(&mut state, "uid-a", now);
+    let (mut state, now, a) = decided_a(2);
     let (a_pod, a_slices) = written(&a);
     // The watch shows the pod bound while its slice is still being written.
     state.apply_pod(&a_pod);
@@ -491,10 +494,7 @@ fn writes_that_race_the_watch_are_neither_recreated_nor_handed_out() {
 
 #[test]
 fn a_failed_binding_keeps_the_cards_of_slices_it_wrote() {
-    let mut state = cluster(2);
-    let now = Instant::now();
-    state.apply_pod(&pod("a", whole(), 10));
-    let a = bind(&mut state, "uid-a", now);
+    let (mut state, now, a) = decided_a(2);
     let (_, a_slices) = written(&a);
     // The slice was accepted but the Binding failed; the watch has not shown the slice yet.
     state.slices_created(a_slices.iter().map(|s| (s, true)));
@@ -511,10 +511,7 @@ fn a_failed_binding_keeps_the_cards_of_slices_it_wrote() {
 
 #[test]
 fn an_ended_pod_frees_the_cards_only_its_annotation_held() {
-    let mut state = cluster(1);
-    let now = Instant::now();
-    state.apply_pod(&pod("a", whole(), 10));
-    let a = bind(&mut state, "uid-a", now);
+    let (mut state, now, a) = decided_a(1);
     let (mut a_pod, _) = written(&a);
     state.bound("uid-a");
     state.apply_pod(&a_pod);
@@ -532,10 +529,7 @@ fn an_ended_pod_frees_the_cards_only_its_annotation_held() {
 
 #[test]
 fn a_pod_deleted_while_its_writes_ran_holds_only_the_slices_it_wrote() {
-    let mut state = cluster(1);
-    let now = Instant::now();
-    state.apply_pod(&pod("a", whole(), 10));
-    let a = bind(&mut state, "uid-a", now);
+    let (mut state, now, a) = decided_a(1);
     // The watch folds the bound and the deleted pod into one deletion while the writes run;
     // the Binding landed but the slice's write failed.
     state.delete_pod("uid-a");
@@ -548,10 +542,7 @@ fn a_pod_deleted_while_its_writes_ran_holds_only_the_slices_it_wrote() {
 
 #[test]
 fn a_pod_deleted_after_its_writes_holds_only_the_slices_it_wrote() {
-    let mut state = cluster(2);
-    let now = Instant::now();
-    state.apply_pod(&pod("a", whole(), 10));
-    let a = bind(&mut state, "uid-a", now);
+    let (mut state, now, a) = decided_a(2);
     let (_, a_slices) = written(&a);
     // The writes end before the watch shows the pod bound; then it is deleted.
     state.slices_created(a_slices.iter().map(|s| (s, true)));
@@ -572,10 +563,7 @@ fn a_pod_deleted_after_its_writes_holds_only_the_slices_it_wrote() {
 
 #[test]
 fn a_bound_pod_ending_before_its_slices_show_keeps_their_cards() {
-    let mut state = cluster(1);
-    let now = Instant::now();
-    state.apply_pod(&pod("a", whole(), 10));
-    let a = bind(&mut state, "uid-a", now);
+    let (mut state, now, a) = decided_a(1);
     let (a_pod, a_slices) = written(&a);
     state.apply_pod(&a_pod);
     state.slices_created(a_slices.iter().map(|s| (s, true)));
@@ -590,14 +578,23 @@ fn a_bound_pod_ending_before_its_slices_show_keeps_their_cards() {
 
 #[test]
 fn a_pod_deleted_after_writes_that_failed_frees_its_card() {
-    let mut state = cluster(1);
-    let now = Instant::now();
-    state.apply_pod(&pod("a", whole(), 10));
-    let a = bind(&mut state, "uid-a", now);
+    let (mut state, now, a) = decided_a(1);
     let (_, a_slices) = written(&a);
     state.slices_created(a_slices.iter().map(|s| (s, false)));
     state.bound("uid-a");
     state.delete_pod("uid-a");
+    state.apply_pod(&pod("b", whole(), 5));
+    assert_eq!(card_of(&bind(&mut state, "uid-b", now)), card_of(&a));
+}
+
+#[test]
+fn a_pod_that_ends_while_its_writes_run_frees_what_they_did_not_write() {
+    let (mut state, now, a) = decided_a(1);
+    let (mut a_pod, a_slices) = written(&a);
+    a_pod.status = Some(serde_json::from_value(json!({"phase": "Failed"})).expect("status"));
+    state.apply_pod(&a_pod);
+    state.slices_created(a_slices.iter().map(|s| (s, false)));
+    state.bound("uid-a");
     state.apply_pod(&pod("b", whole(), 5));
     assert_eq!(card_of(&bind(&mut state, "uid-b", now)), card_of(&a));
 }
