@@ -9,7 +9,7 @@ default:
 
 # The main job: check the usage guide's examples against the resource contract and print what each asks for.
 demo:
-    cargo run --quiet -p runtimekit-operator -- check operator/contract/tests/seeds
+    cargo run --quiet -p runtimekit-operator -- check contract/tests/seeds
 
 # The whole test suite, as CI runs it: formatting, lints, unit, property, CRD drift and end-to-end tests.
 test: fmt-check lint unit
