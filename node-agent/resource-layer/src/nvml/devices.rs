@@ -1,0 +1,107 @@
+//! Discovery: what the NVML backend lists of each card (index, UUID, name, memory, PCI,
+//! serial, MIG state, topology, instances), and the placeholder a lost card leaves.
+
+use super::Shared;
+use super::convert::{call_error, mib};
+use super::keys::record_proto;
+use crate::backend::select_devices;
+use crate::error::LayerError;
+use runtimekit_contract::mig::table_for;
+use runtimekit_proto::resource::v1alpha1 as pb;
+
+impl Shared {
+    /// The selected cards (a lost one as a placeholder), the paths between them and the RDMA
+    /// NICs.
+    pub(super) fn list_devices(
+        &self,
+        devices: &[u32],
+    ) -> Result<pb::ListDevicesResponse, LayerError> {
+        let selected = select_devices(devices, self.count)?;
+        let mut out = Vec::new();
+        for &index in &selected {
+            match self
+                .watch
+                .call(index, &self.uuid_of(index), || self.device_proto(index))
+            {
+                Ok(device) => out.push(device),
+                Err(LayerError::DeviceLost { .. }) => out.push(self.lost_device(index)),
+                Err(e) => return Err(e),
+            }
+        }
+        let paths = self.paths_and_groups(&mut out);
+        Ok(pb::ListDevicesResponse {
+            devices: out,
+            nics: self.sysfs.rdma_nics(),
+            paths,
+        })
+    }
+
+    /// Everything the backend reports of a card that answers.
+    fn device_proto(&self, index: u32) -> Result<pb::Device, LayerError> {
+        let dev = self.dev(index)?;
+        let uuid = dev
+            .uuid()
+            .map_err(|e| call_error("nvmlDeviceGetUUID", index, &self.uuid_of(index), e))?;
+        let e = |call| {
+            let uuid = uuid.clone();
+            move |err| call_error(call, index, &uuid, err)
+        };
+        let name = dev.name().map_err(e("nvmlDeviceGetName"))?;
+        let memory = dev.memory_info().map_err(e("nvmlDeviceGetMemoryInfo_v2"))?;
+        let pci = dev.pci_info().map_err(e("nvmlDeviceGetPciInfo_v3"))?;
+        let table = table_for(&name, mib(memory.total));
+        let mode = Self::mig_mode(&dev);
+        let (instances, mut profiles) = self.instances_on(&dev, index, &uuid)?;
+        if profiles.is_empty() && mode.is_some() {
+            profiles = Self::profile_infos(table, &self.hw_profiles(&dev, table));
+        }
+        let mig = match mode {
+            Some((current, pending)) => pb::MigState {
+                capable: true,
+                enabled: current,
+                pending_enabled: pending,
+                table: table.map(|t| t.model.to_string()).unwrap_or_default(),
+                compute_slices: table.map_or(0, |t| u32::from(t.compute_slices)),
+                memory_slices: table.map_or(0, |t| u32::from(t.memory_slices)),
+                profiles: profiles.clone(),
+            },
+            None => pb::MigState::default(),
+        };
+        let topology = self.topology(&dev, &pci.bus_id);
+        let mut device = pb::Device {
+            index,
+            uuid: uuid.clone(),
+            model: name,
+            memory_mib: mib(memory.total),
+            pci_bus_id: pci.bus_id,
+            pci_device_id: pci.pci_device_id,
+            serial: dev.serial().unwrap_or_default(),
+            healthy: self.hub.healthy(index),
+            faults: self.hub.faults_of(index),
+            mig: Some(mig),
+            topology: Some(topology),
+            instances: instances
+                .iter()
+                .map(|r| record_proto(r, &profiles))
+                .collect(),
+            ..Default::default()
+        };
+        device.set_vendor(pb::Vendor::Nvidia);
+        device.set_state(pb::DeviceState::Ok);
+        Ok(device)
+    }
+
+    /// A card that fell off the bus: its UUID and faults, nothing read from it.
+    fn lost_device(&self, index: u32) -> pb::Device {
+        let mut device = pb::Device {
+            index,
+            uuid: self.uuid_of(index),
+            healthy: false,
+            faults: self.hub.faults_of(index),
+            ..Default::default()
+        };
+        device.set_vendor(pb::Vendor::Nvidia);
+        device.set_state(pb::DeviceState::Lost);
+        device
+    }
+}

@@ -1,0 +1,362 @@
+//! Metrics: the DCGM field set from NVML calls (interfaces notes, section 1.2), DCP ratios
+//! from GPM where the card has it (Hopper and newer), processes with their memory, SM
+//! utilisation, MIG instance and liveness, and the metrics of each keyed instance.
+
+use super::Shared;
+use super::convert::{mib, sample_u64};
+use super::raw;
+use crate::backend::select_devices;
+use crate::error::LayerError;
+use crate::instances::{InstanceRecord, ShareSpec};
+use crate::sysfs::Sysfs;
+use crate::util::lock;
+use nvml_wrapper::enum_wrappers::device::{
+    Clock as NvClock, EccCounter, MemoryError, PcieUtilCounter, PerformancePolicy, RetirementCause,
+    TemperatureSensor,
+};
+use nvml_wrapper::enums::device::UsedGpuMemory;
+use nvml_wrapper::enums::gpm::GpmMetricId;
+use nvml_wrapper::structs::device::FieldId;
+use nvml_wrapper::sys_exports::field_id;
+use nvml_wrapper::{Device, GpmSample};
+use runtimekit_proto::resource::v1alpha1 as pb;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+impl Shared {
+    /// The processes on a card, with the instance key of the MIG instance each runs in.
+    fn processes(&self, dev: &Device<'_>, index: u32, uuid: &str) -> Vec<pb::ProcessMetrics> {
+        let mut list = dev.running_compute_processes().unwrap_or_default();
+        for p in dev.running_graphics_processes().unwrap_or_default() {
+            if !list.iter().any(|q| q.pid == p.pid) {
+                list.push(p);
+            }
+        }
+        let samples = {
+            let mut seen = lock(&self.util_seen);
+            let samples = dev
+                .process_utilization_stats(seen.get(&index).copied())
+                .unwrap_or_default();
+            if let Some(last) = samples.iter().map(|s| s.timestamp).max() {
+                seen.insert(index, last);
+            }
+            samples
+        };
+        let mut util: BTreeMap<u32, (u64, u32)> = BTreeMap::new();
+        for s in samples {
+            let entry = util.entry(s.pid).or_insert((0, 0));
+            if s.timestamp >= entry.0 {
+                *entry = (s.timestamp, s.sm_util);
+            }
+        }
+        let keys: BTreeMap<u32, String> = lock(&self.ledger)
+            .iter()
+            .filter(|r| r.device_uuid == uuid)
+            .filter_map(|r| Some((r.mig.as_ref()?.gpu_instance_id, r.key.clone()?)))
+            .collect();
+        list.into_iter()
+            .map(|p| pb::ProcessMetrics {
+                pid: p.pid,
+                name: self.nvml.sys_process_name(p.pid, 64).unwrap_or_default(),
+                used_memory_mib: match p.used_gpu_memory {
+                    UsedGpuMemory::Used(bytes) => Some(mib(bytes)),
+                    UsedGpuMemory::Unavailable => None,
+                },
+                sm_util_percent: util.get(&p.pid).map(|(_, u)| *u),
+                gpu_instance_id: p.gpu_instance_id,
+                compute_instance_id: p.compute_instance_id,
+                alive: self
+                    .options
+                    .check_process_liveness
+                    .then(|| Sysfs::process_alive(p.pid)),
+                instance_key: p
+                    .gpu_instance_id
+                    .and_then(|gi| keys.get(&gi).cloned())
+                    .unwrap_or_default(),
+            })
+            .collect()
+    }
+
+    /// The metrics of one card; `gpm` carries its GPM ratios when it has them.
+    fn metrics(
+        &self,
+        dev: &Device<'_>,
+        index: u32,
+        include_processes: bool,
+        gpm: Option<[Option<f64>; 5]>,
+    ) -> pb::DeviceMetrics {
+        let uuid = self.uuid_of(index);
+        let memory = dev.memory_info().ok();
+        let fields = [
+            field_id::NVML_FI_DEV_MEMORY_TEMP,
+            field_id::NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
+            field_id::NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
+            field_id::NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL,
+            field_id::NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL,
+            field_id::NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL,
+            field_id::NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL,
+        ];
+        let ids: Vec<FieldId> = fields.iter().map(|&f| FieldId(f)).collect();
+        let values: Vec<Option<u64>> = match dev.field_values_for(&ids) {
+            Ok(samples) => samples
+                .into_iter()
+                .map(|s| {
+                    s.ok()
+                        .and_then(|s| s.value.ok())
+                        .as_ref()
+                        .and_then(sample_u64)
+                })
+                .collect(),
+            Err(_) => vec![None; fields.len()],
+        };
+        let field = |i: usize| values.get(i).copied().flatten();
+        let utilization = dev.utilization_rates().ok();
+        let rows = raw::remapped_rows(&self.nvml, dev).ok();
+        let ecc = |e: MemoryError, c: EccCounter| dev.total_ecc_errors(e, c).ok();
+        let gpm = gpm.unwrap_or_default();
+        pb::DeviceMetrics {
+            device_index: index,
+            device_uuid: uuid.clone(),
+            timestamp_unix_ms: self.clock.now_ms(),
+            sm_clock_mhz: dev.clock_info(NvClock::SM).ok(),
+            mem_clock_mhz: dev.clock_info(NvClock::Memory).ok(),
+            gpu_temp_c: dev.temperature(TemperatureSensor::Gpu).ok(),
+            memory_temp_c: field(0).and_then(|v| u32::try_from(v).ok()),
+            power_usage_w: dev.power_usage().ok().map(|mw| f64::from(mw) / 1000.0),
+            total_energy_mj: dev.total_energy_consumption().ok(),
+            gpu_util_percent: utilization.as_ref().map(|u| u.gpu),
+            mem_copy_util_percent: utilization.as_ref().map(|u| u.memory),
+            enc_util_percent: dev.encoder_utilization().ok().map(|u| u.utilization),
+            dec_util_percent: dev.decoder_utilization().ok().map(|u| u.utilization),
+            fb_used_mib: memory.as_ref().map(|m| mib(m.used)),
+            fb_free_mib: memory.as_ref().map(|m| mib(m.free)),
+            fb_reserved_mib: memory.as_ref().map(|m| mib(m.reserved)),
+            // NVML reports KB/s.
+            pcie_tx_bytes_per_s: dev
+                .pcie_throughput(PcieUtilCounter::Send)
+                .ok()
+                .map(|kb| u64::from(kb) * 1024),
+            pcie_rx_bytes_per_s: dev
+                .pcie_throughput(PcieUtilCounter::Receive)
+                .ok()
+                .map(|kb| u64::from(kb) * 1024),
+            pcie_replay_count: dev.pcie_replay_counter().ok().map(u64::from),
+            // The throughput fields count KiB.
+            nvlink_tx_bytes: field(1).map(|kib| kib.saturating_mul(1024)),
+            nvlink_rx_bytes: field(2).map(|kib| kib.saturating_mul(1024)),
+            ecc_sbe_volatile: ecc(MemoryError::Corrected, EccCounter::Volatile),
+            ecc_dbe_volatile: ecc(MemoryError::Uncorrected, EccCounter::Volatile),
+            ecc_sbe_aggregate: ecc(MemoryError::Corrected, EccCounter::Aggregate),
+            ecc_dbe_aggregate: ecc(MemoryError::Uncorrected, EccCounter::Aggregate),
+            retired_pages_sbe: dev
+                .retired_pages(RetirementCause::MultipleSingleBitEccErrors)
+                .ok()
+                .map(|p| p.len() as u64),
+            retired_pages_dbe: dev
+                .retired_pages(RetirementCause::DoubleBitEccError)
+                .ok()
+                .map(|p| p.len() as u64),
+            retired_pages_pending: dev.are_pages_pending_retired().ok(),
+            remapped_rows_correctable: rows.map(|r| u64::from(r.correctable)),
+            remapped_rows_uncorrectable: rows.map(|r| u64::from(r.uncorrectable)),
+            row_remap_pending: rows.map(|r| r.pending),
+            row_remap_failure: rows.map(|r| r.failure),
+            xid_last: lock(&self.last_xid).get(&index).map(|x| u64::from(*x)),
+            nvlink_crc_flit_errors: field(3),
+            nvlink_crc_data_errors: field(4),
+            nvlink_replay_errors: field(5),
+            nvlink_recovery_errors: field(6),
+            power_violation_ns: dev
+                .violation_status(PerformancePolicy::Power)
+                .ok()
+                .map(|v| v.violation_time),
+            thermal_violation_ns: dev
+                .violation_status(PerformancePolicy::Thermal)
+                .ok()
+                .map(|v| v.violation_time),
+            gr_engine_active: gpm[0],
+            sm_active: gpm[1],
+            sm_occupancy: gpm[2],
+            pipe_tensor_active: gpm[3],
+            dram_active: gpm[4],
+            processes: if include_processes {
+                self.processes(dev, index, &uuid)
+            } else {
+                Vec::new()
+            },
+        }
+    }
+
+    /// One GPM sample of a card, under the hang watch.
+    fn gpm_sample<'a>(&'a self, index: u32, dev: &Device<'a>) -> Option<GpmSample<'a>> {
+        self.watch
+            .call(index, &self.uuid_of(index), || dev.gpm_sample())
+            .ok()
+    }
+
+    /// GPM ratios (graphics, SM active, SM occupancy, tensor, DRAM) for the cards that have
+    /// GPM, from two samples 100 ms apart.
+    fn gpm_ratios<'a>(&'a self, cards: &[u32]) -> BTreeMap<u32, [Option<f64>; 5]> {
+        let metrics = [
+            GpmMetricId::GraphicsUtil,
+            GpmMetricId::SmUtil,
+            GpmMetricId::SmOccupancy,
+            GpmMetricId::AnyTensorUtil,
+            GpmMetricId::DramBwUtil,
+        ];
+        let devices: Vec<(u32, Device<'a>)> = cards
+            .iter()
+            .filter_map(|&i| Some((i, self.nvml.device_by_index(i).ok()?)))
+            .filter(|(_, d)| d.gpm_support().unwrap_or(false))
+            .collect();
+        let sample = |i: u32, d: &Device<'a>| self.gpm_sample(i, d);
+        let first: Vec<_> = devices
+            .iter()
+            .filter_map(|(i, d)| Some((*i, d, sample(*i, d)?)))
+            .collect();
+        if first.is_empty() {
+            return BTreeMap::new();
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        first
+            .into_iter()
+            .filter_map(|(i, d, s1)| {
+                let s2 = sample(i, d)?;
+                let values =
+                    nvml_wrapper::gpm::gpm_metrics_get(&self.nvml, &s1, &s2, &metrics).ok()?;
+                let mut out = [None; 5];
+                for (slot, v) in out.iter_mut().zip(values) {
+                    *slot = v.ok().map(|m| (m.value / 100.0).clamp(0.0, 1.0));
+                }
+                Some((i, out))
+            })
+            .collect()
+    }
+
+    /// The metrics of the selected cards; a card that cannot be read is listed under `errors`.
+    pub(super) fn device_metrics(
+        &self,
+        devices: &[u32],
+        include_processes: bool,
+    ) -> Result<pb::GetDeviceMetricsResponse, LayerError> {
+        let selected = select_devices(devices, self.count)?;
+        let mut gpm = self.gpm_ratios(&selected);
+        let mut response = pb::GetDeviceMetricsResponse::default();
+        for index in selected {
+            let uuid = self.uuid_of(index);
+            let read = self.watch.call(index, &uuid, || {
+                let dev = self.dev(index)?;
+                Ok(self.metrics(&dev, index, include_processes, gpm.remove(&index)))
+            });
+            match read {
+                Ok(metrics) => response.devices.push(metrics),
+                Err(error) => response.errors.push(self.device_error(index, &error)),
+            }
+        }
+        Ok(response)
+    }
+
+    /// The metrics of the keyed instances (all when `keys` is empty); a card that cannot be
+    /// read lists its instances under `errors`.
+    pub(super) fn instance_metrics(
+        &self,
+        keys: &[String],
+    ) -> Result<pb::GetInstanceMetricsResponse, LayerError> {
+        let records: Vec<InstanceRecord> = lock(&self.ledger)
+            .iter()
+            .filter(|r| {
+                r.key
+                    .as_ref()
+                    .is_some_and(|k| keys.is_empty() || keys.contains(k))
+            })
+            .cloned()
+            .collect();
+        let now = self.clock.now_ms();
+        let mut response = pb::GetInstanceMetricsResponse::default();
+        let mut cards: Vec<u32> = records
+            .iter()
+            .map(|r| self.index_of_uuid(&r.device_uuid).unwrap_or(r.device_index))
+            .collect();
+        cards.sort_unstable();
+        cards.dedup();
+        for index in cards {
+            let uuid = self.uuid_of(index);
+            let read = self.watch.call(
+                index,
+                &uuid,
+                || -> Result<Vec<pb::InstanceMetrics>, LayerError> {
+                    let dev = self.dev(index)?;
+                    let processes = self.processes(&dev, index, &uuid);
+                    Ok(records
+                        .iter()
+                        .filter(|r| r.device_uuid == uuid)
+                        .map(|r| self.instance_reading(r, index, now, &processes))
+                        .collect())
+                },
+            );
+            match read {
+                Ok(metrics) => response.instances.extend(metrics),
+                Err(error) => response.errors.push(self.device_error(index, &error)),
+            }
+        }
+        Ok(response)
+    }
+
+    /// The metrics of one keyed instance on card `index`, given the card's processes.
+    fn instance_reading(
+        &self,
+        record: &InstanceRecord,
+        index: u32,
+        now: u64,
+        processes: &[pb::ProcessMetrics],
+    ) -> pb::InstanceMetrics {
+        let mut m = pb::InstanceMetrics {
+            key: record.key.clone().unwrap_or_default(),
+            device_index: index,
+            device_uuid: record.device_uuid.clone(),
+            timestamp_unix_ms: now,
+            ..Default::default()
+        };
+        match (&record.spec, &record.mig) {
+            (
+                ShareSpec::Tdm {
+                    core_percent,
+                    memory_mib,
+                },
+                _,
+            ) => {
+                m.set_kind(pb::InstanceKind::Tdm);
+                m.core_limit_percent = *core_percent;
+                m.memory_limit_mib = *memory_mib;
+            }
+            (ShareSpec::Mig { profile, .. }, Some(ids)) => {
+                m.set_kind(pb::InstanceKind::Mig);
+                m.profile = profile.clone();
+                m.gpu_instance_id = Some(ids.gpu_instance_id);
+                let mig_memory = self
+                    .nvml
+                    .device_by_uuid(ids.device_uuid.as_str())
+                    .and_then(|d| d.memory_info())
+                    .ok();
+                m.memory_limit_mib = mig_memory.as_ref().map_or(0, |x| mib(x.total));
+                m.memory_used_mib = mig_memory.as_ref().map(|x| mib(x.used));
+                m.processes = processes
+                    .iter()
+                    .filter(|p| p.gpu_instance_id == Some(ids.gpu_instance_id))
+                    .cloned()
+                    .collect();
+                let utils: Vec<u32> = m
+                    .processes
+                    .iter()
+                    .filter_map(|p| p.sm_util_percent)
+                    .collect();
+                m.sm_util_percent = (!utils.is_empty()).then(|| utils.iter().sum::<u32>().min(100));
+            }
+            (ShareSpec::Mig { profile, .. }, None) => {
+                m.set_kind(pb::InstanceKind::Mig);
+                m.profile = profile.clone();
+            }
+        }
+        m
+    }
+}
