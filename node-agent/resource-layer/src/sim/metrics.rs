@@ -3,6 +3,7 @@
 //! and memory follow slow sine waves within the instance's caps; the card's utilisation is the
 //! sum of its instances' (plus a little idle noise), and power, temperature, clocks and PCIe
 //! traffic follow utilisation. Counters (energy, NVLink bytes) integrate the waves.
+//! `readings` turns them into the metrics the backend answers with.
 
 use super::profile::CardSpec;
 use crate::util::{splitmix, stable_hash};

@@ -253,7 +253,7 @@ impl SimProfile {
                     mig: Some(MigIds {
                         gpu_instance_id,
                         compute_instance_id: 0,
-                        device_uuid: super::mig_uuid(uuid, gpu_instance_id, now_ms),
+                        device_uuid: super::instances::mig_uuid(uuid, gpu_instance_id, now_ms),
                     }),
                     created_unix_ms: now_ms,
                 });
