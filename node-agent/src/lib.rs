@@ -10,14 +10,13 @@
 //! - [`layer`]: the resource layer, the agent's only way to the hardware, and its health stream.
 //!
 //! Decisions are pure functions tested without I/O: [`topology`] (TopologyGroup status),
-//! [`resources`] (what is advertised), [`enact`] (what to do with each slice),
+//! [`resources`] (what is advertised), [`enactor::decide`] (what to do with each slice),
 //! [`deviceplugin::allocation`] (which devices to suggest and give). [`testkit`] is a test
 //! kubelet that speaks the real protocols, for this crate's tests and the end-to-end tests.
 
 pub mod agent;
 pub mod cli;
 pub mod deviceplugin;
-pub mod enact;
 pub mod enactor;
 pub mod health;
 pub mod layer;

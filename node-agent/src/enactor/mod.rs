@@ -1,13 +1,21 @@
 //! The GpuSlice enactor: watches the GpuSlices and pods of this node, and for each slice does
-//! what [`enact::decide`] says through the resource layer, showing every step in the slice's
+//! what [`decide::decide`] says through the resource layer, showing every step in the slice's
 //! status (server-side apply, written only when it changes); then destroys the instances no
 //! slice claims.
+//!
+//! The enactor is cut in two so that what it decides can be tested without an apiserver or a
+//! resource layer: [`decide`] holds the pure decisions (what to do with a slice, its status,
+//! which instances are orphans), and this module holds the loop that watches, calls the
+//! resource layer and writes. The pure half is a child of the loop, not a sibling with a
+//! similar name, so the tree says which file does I/O.
 
-use crate::enact::{self, Decision, Orphan, PodBinding};
+pub mod decide;
+
 use crate::health::FaultState;
 use crate::layer::InventoryRefresher;
 use crate::model::{AwaitedSlice, Inventory, NodeState, SliceInfo, WholeHolder};
 use crate::util::AbortOnDrop;
+use decide::{Decision, Orphan, PodBinding};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -280,7 +288,7 @@ impl Enactor {
                 .finalizers
                 .as_ref()
                 .is_some_and(|f| f.iter().any(|f| f == SLICE_FINALIZER));
-            let decision = enact::decide(info, has_finalizer, *pod, &snapshot);
+            let decision = decide::decide(info, has_finalizer, *pod, &snapshot);
             if decision == Decision::Leave {
                 continue;
             }
@@ -304,7 +312,7 @@ impl Enactor {
         self.publish(&infos, pods);
         if let Some(inventory) = &snapshot.inventory {
             let listed: Vec<SliceInfo> = infos.iter().map(|(_, i, _)| i.clone()).collect();
-            for orphan in enact::orphans(inventory.instances(), &listed) {
+            for orphan in decide::orphans(inventory.instances(), &listed) {
                 hardware |= self.destroy_orphan(&orphan).await;
             }
         }
@@ -355,7 +363,7 @@ impl Enactor {
                         .write(object, status, SlicePhase::Bound, bound(), None, None)
                         .await?;
                 }
-                let mig = instance.as_ref().and_then(enact::mig_ref);
+                let mig = instance.as_ref().and_then(decide::mig_ref);
                 let message = ready_message(slice, instance.as_ref());
                 self.write(object, status, SlicePhase::Ready, message, mig, None)
                     .await?;
@@ -396,7 +404,7 @@ impl Enactor {
                         }
                         outcome.hardware = response.created || response.adopted;
                         let instance = response.instance;
-                        let mig = instance.as_ref().and_then(enact::mig_ref);
+                        let mig = instance.as_ref().and_then(decide::mig_ref);
                         let message = ready_message(slice, instance.as_ref());
                         self.write(object, status, SlicePhase::Ready, message, mig, None)
                             .await?;
@@ -404,7 +412,7 @@ impl Enactor {
                     }
                     Err(error) => {
                         let reason = reason_of(&error).unwrap_or("ResourceLayerError").to_owned();
-                        if enact::permanent(&reason) {
+                        if decide::permanent(&reason) {
                             self.fail(object, status, &reason, error.message()).await?;
                             outcome.phase = Some(SlicePhase::Failed);
                         } else {
@@ -499,7 +507,7 @@ impl Enactor {
         mig_instance: Option<MigInstanceRef>,
         reason: Option<&str>,
     ) -> Result<Current, kube::Error> {
-        let desired = enact::slice_status(
+        let desired = decide::slice_status(
             current.status.as_ref(),
             phase,
             message,
