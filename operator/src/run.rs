@@ -4,10 +4,10 @@
 
 use crate::leader::{Elector, Timing};
 use crate::metrics::{self, Metrics};
-use crate::report::Reports;
 use crate::shared::Shared;
 use crate::state::State;
 use crate::watch::mirror;
+use crate::writes::report::Reports;
 use crate::{gangs, scheduler, slices, topology_sync};
 use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::{Node, Pod};

@@ -2,18 +2,21 @@
 //! controllers, and which kinds have been listed completely.
 
 use crate::metrics::Metrics;
-use crate::state::State;
-use crate::watch::Mirrored;
+use crate::state::{Feed, State};
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::jiff::Timestamp;
-use kube::ResourceExt;
 use runtimekit_crds::{GangGroup, GpuSlice, TopologyGroup};
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::watch;
 
 /// The kinds that must be listed before the operator acts.
-pub const WATCHED: [&str; 5] = ["Pod", "Node", "GpuSlice", "TopologyGroup", "GangGroup"];
+pub const WATCHED: [&str; 5] = [
+    Pod::KIND,
+    Node::KIND,
+    GpuSlice::KIND,
+    TopologyGroup::KIND,
+    GangGroup::KIND,
+];
 
 /// State and signals shared by the watchers, the scheduler and the controllers.
 #[derive(Debug)]
@@ -75,115 +78,5 @@ impl Shared {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         WATCHED.iter().all(|k| synced.contains(k))
-    }
-}
-
-fn namespaced_key<K: ResourceExt>(object: &K) -> String {
-    format!(
-        "{}/{}",
-        object.namespace().unwrap_or_default(),
-        object.name_any()
-    )
-}
-
-fn split_key(key: &str) -> (&str, &str) {
-    key.split_once('/').unwrap_or(("", key))
-}
-
-impl Mirrored for Pod {
-    const KIND: &'static str = "Pod";
-    fn key(&self) -> String {
-        self.metadata.uid.clone().unwrap_or_default()
-    }
-    fn apply(&self, shared: &Shared) {
-        shared.lock().apply_pod(self);
-    }
-    fn remove(key: &str, shared: &Shared) {
-        shared.lock().delete_pod(key);
-    }
-    fn known(shared: &Shared) -> Vec<String> {
-        shared.lock().pod_uids()
-    }
-    fn synced(shared: &Shared) {
-        shared.lock().pods_synced();
-    }
-}
-
-impl Mirrored for Node {
-    const KIND: &'static str = "Node";
-    fn key(&self) -> String {
-        self.name_any()
-    }
-    fn apply(&self, shared: &Shared) {
-        shared.lock().apply_node(self);
-    }
-    fn remove(key: &str, shared: &Shared) {
-        shared.lock().delete_node(key);
-    }
-    fn known(shared: &Shared) -> Vec<String> {
-        shared.lock().node_names()
-    }
-}
-
-impl Mirrored for GpuSlice {
-    const KIND: &'static str = "GpuSlice";
-    fn key(&self) -> String {
-        namespaced_key(self)
-    }
-    fn apply(&self, shared: &Shared) {
-        shared.lock().apply_slice(self);
-    }
-    fn remove(key: &str, shared: &Shared) {
-        let (namespace, name) = split_key(key);
-        shared.lock().delete_slice(namespace, name);
-    }
-    fn relisted(shared: &Shared) {
-        shared.lock().slices_relisted();
-    }
-    fn known(shared: &Shared) -> Vec<String> {
-        shared
-            .lock()
-            .slice_keys()
-            .into_iter()
-            .map(|(ns, name)| format!("{ns}/{name}"))
-            .collect()
-    }
-}
-
-impl Mirrored for TopologyGroup {
-    const KIND: &'static str = "TopologyGroup";
-    fn key(&self) -> String {
-        self.name_any()
-    }
-    fn apply(&self, shared: &Shared) {
-        shared.lock().apply_group(self, Timestamp::now());
-    }
-    fn remove(key: &str, shared: &Shared) {
-        shared.lock().delete_group(key);
-    }
-    fn known(shared: &Shared) -> Vec<String> {
-        shared.lock().group_names()
-    }
-}
-
-impl Mirrored for GangGroup {
-    const KIND: &'static str = "GangGroup";
-    fn key(&self) -> String {
-        namespaced_key(self)
-    }
-    fn apply(&self, shared: &Shared) {
-        shared.lock().apply_gang(self);
-    }
-    fn remove(key: &str, shared: &Shared) {
-        let (namespace, name) = split_key(key);
-        shared.lock().delete_gang(namespace, name);
-    }
-    fn known(shared: &Shared) -> Vec<String> {
-        shared
-            .lock()
-            .gang_keys()
-            .into_iter()
-            .map(|(ns, name)| format!("{ns}/{name}"))
-            .collect()
     }
 }

@@ -5,13 +5,13 @@
 //! annotation names that do not exist (writes interrupted by a restart, or a slice deleted under
 //! a running pod).
 
-use crate::scheduler;
 use crate::shared::Shared;
 use crate::state::Work;
+use crate::writes::{self, binding::create_slice};
 use futures::future::join_all;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::api::Api;
 use kube::{Client, ResourceExt};
-use runtimekit_crds::{GpuSlice, SLICE_FINALIZER};
+use runtimekit_crds::GpuSlice;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,7 +22,7 @@ pub async fn run(shared: Arc<Shared>, client: Client) {
     loop {
         let work = shared.lock().take_work();
         if work != Work::default() {
-            apply(&client, &work).await;
+            writes::slices::carry_out(&client, &work).await;
         }
         restore(&shared, &client).await;
         tokio::select! {
@@ -30,29 +30,6 @@ pub async fn run(shared: Arc<Shared>, client: Client) {
             () = tokio::time::sleep(Duration::from_secs(10)) => {}
         }
     }
-}
-
-async fn apply(client: &Client, work: &Work) {
-    join_all(work.release.iter().map(|(namespace, name)| async move {
-        let api: Api<GpuSlice> = Api::namespaced(client.clone(), namespace);
-        match api.delete(name, &DeleteParams::background()).await {
-            Ok(_) => {
-                tracing::info!(slice = %name, %namespace, "released the slice of an ended pod")
-            }
-            Err(kube::Error::Api(e)) if e.code == 404 => {}
-            Err(error) => {
-                tracing::warn!(slice = %name, %namespace, %error, "could not release a slice")
-            }
-        }
-    }))
-    .await;
-    join_all(work.unfinalize.iter().map(|(namespace, name)| async move {
-        let api: Api<GpuSlice> = Api::namespaced(client.clone(), namespace);
-        if let Err(error) = remove_finalizer(&api, name).await {
-            tracing::warn!(slice = %name, %namespace, %error, "could not remove the finalizer of a slice");
-        }
-    }))
-    .await;
 }
 
 /// Re-creates the slices bound pods' allocations name that do not exist.
@@ -64,7 +41,7 @@ async fn restore(shared: &Shared, client: &Client) {
     let created = join_all(missing.iter().map(|slice| async move {
         let namespace = slice.namespace().unwrap_or_default();
         let api: Api<GpuSlice> = Api::namespaced(client.clone(), &namespace);
-        let created = scheduler::create_slice(&api, slice).await;
+        let created = create_slice(&api, slice, writes::SLICES).await;
         match &created {
             Ok(()) => {
                 tracing::info!(slice = %slice.name_any(), %namespace, "re-created a slice from its pod's allocation");
@@ -86,27 +63,4 @@ async fn restore(shared: &Shared, client: &Client) {
     for (uid, ok) in pods {
         state.restored(uid, ok, now);
     }
-}
-
-/// Removes the agent's finalizer with a JSON patch guarded by a test of the exact list, so a
-/// concurrent change makes it fail rather than drop someone else's finalizer.
-async fn remove_finalizer(api: &Api<GpuSlice>, name: &str) -> Result<(), kube::Error> {
-    let slice = match api.get(name).await {
-        Ok(s) => s,
-        Err(kube::Error::Api(e)) if e.code == 404 => return Ok(()),
-        Err(e) => return Err(e),
-    };
-    let finalizers = slice.metadata.finalizers.clone().unwrap_or_default();
-    let Some(index) = finalizers.iter().position(|f| f == SLICE_FINALIZER) else {
-        return Ok(());
-    };
-    let patch = serde_json::json!([
-        {"op": "test", "path": "/metadata/finalizers", "value": finalizers},
-        {"op": "remove", "path": format!("/metadata/finalizers/{index}")},
-    ]);
-    let patch: json_patch::Patch =
-        serde_json::from_value(patch).map_err(kube::Error::SerdeError)?;
-    api.patch(name, &PatchParams::default(), &Patch::Json::<()>(patch))
-        .await
-        .map(|_| ())
 }

@@ -8,7 +8,7 @@ use runtimekit_contract::RuntimeKitConfig;
 use runtimekit_crds::{
     CardHealth, CardStatus, GpuSlice, TopologyGroup, TopologyGroupSpec, TopologyGroupStatus, Vendor,
 };
-use runtimekit_operator::scheduler::slices_and_allocation;
+use runtimekit_operator::objects::slices_and_allocation;
 use runtimekit_operator::state::{Binding, Outcome, RESTORE_GRACE, State};
 use serde_json::json;
 use std::time::{Duration, Instant};
@@ -224,6 +224,7 @@ fn a_pod_that_does_not_fit_backs_off_and_retries_when_capacity_frees() {
     state.delete_slice(
         slice.metadata.namespace.as_deref().expect("namespace"),
         slice.metadata.name.as_deref().expect("name"),
+        Instant::now(),
     );
     assert!(state.take_capacity_freed());
     let later = retry + Duration::from_millis(10);
@@ -444,7 +445,11 @@ fn a_slice_deleted_under_a_running_pod_is_recreated_and_its_card_stays_held() {
     let (mut state, now, a) = decided_a(1);
     let (_, a_slices) = land(&mut state, &a);
     assert!(state.restore_due(now).is_empty());
-    state.delete_slice("ns", &a_slices[0].metadata.name.clone().expect("name"));
+    state.delete_slice(
+        "ns",
+        &a_slices[0].metadata.name.clone().expect("name"),
+        Instant::now(),
+    );
     assert!(
         state.restore_due(Instant::now()).is_empty(),
         "the pod may be going too"
@@ -556,7 +561,11 @@ fn a_pod_deleted_after_its_writes_holds_only_the_slices_it_wrote() {
         "a's slice is written though not seen yet"
     );
     state.apply_slice(&a_slices[0]);
-    state.delete_slice("ns", &a_slices[0].metadata.name.clone().expect("name"));
+    state.delete_slice(
+        "ns",
+        &a_slices[0].metadata.name.clone().expect("name"),
+        Instant::now(),
+    );
     state.apply_pod(&pod("c", whole(), 1));
     assert_eq!(card_of(&bind(&mut state, "uid-c", now)), card_of(&a));
 }

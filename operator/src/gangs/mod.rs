@@ -2,35 +2,33 @@
 //! checks the size against the JobSet, waits for the members, reserves all of them in one
 //! decision, binds only when every member is reserved, and rolls everything back when the gang
 //! is not complete and running within its timeout, retrying with backoff.
+//!
+//! What a pass does is decided by the pure state machine in [`next`]; this loop only reads the
+//! state, asks the apiserver what `next` needs (the JobSet's size), and carries out the result.
+
+pub mod next;
 
 use crate::jobset::JobSet;
-use crate::report::Reports;
-use crate::scheduler::{self, FIELD_MANAGER};
+use crate::objects::{allocation_of, slices_and_allocation};
 use crate::shared::Shared;
 use crate::state::GangBinding;
+use crate::writes::binding::{BindError, create_slice, post_binding};
+use crate::writes::report::Reports;
+use crate::writes::{self, slices::mark_reserved};
 use futures::future::join_all;
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, ObjectMeta};
 use kube::{Client, ResourceExt};
-use runtimekit_crds::{
-    GangGroup, GangGroupSpec, GangGroupStatus, GangMembers, GangPhase, GpuSlice, SlicePhase, Tier,
-    set_condition,
-};
+use next::{Action, Members, Step};
+use runtimekit_crds::{GangGroup, GangGroupSpec, GangGroupStatus, GangPhase, GpuSlice, Tier};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The condition that latches once every member of the current attempt ran: a gang that ran is
-/// never rolled back for a late member.
-const RAN: &str = "Ran";
-
 /// How often gangs are looked at even without a change (timeouts advance on their own).
 const TICK: Duration = Duration::from_secs(1);
-/// The first backoff after a rollback; it doubles per attempt up to [`MAX_BACKOFF`].
-const FIRST_BACKOFF: Duration = Duration::from_secs(5);
-const MAX_BACKOFF: Duration = Duration::from_secs(300);
 
 /// Runs the controller until the task is dropped.
 pub async fn run(shared: Arc<Shared>, client: Client, reports: Reports) {
@@ -85,6 +83,17 @@ struct Snapshot {
     job_set: Option<String>,
 }
 
+impl Snapshot {
+    /// What the gang's state machine needs of the members.
+    fn counts(&self) -> Members {
+        Members {
+            seen: self.members.len(),
+            bound: self.members.iter().filter(|m| m.bound).count(),
+            running: self.members.iter().filter(|m| m.running).count(),
+        }
+    }
+}
+
 struct Member {
     uid: String,
     name: String,
@@ -94,6 +103,7 @@ struct Member {
 }
 
 impl Controller {
+    /// One pass over the gang `namespace/name`: decide with [`next`], then carry it out.
     async fn reconcile(&mut self, namespace: &str, name: &str) -> Option<GangPhase> {
         let snapshot = self.snapshot(namespace, name);
         let Some(gang) = snapshot.gang.clone() else {
@@ -102,149 +112,47 @@ impl Controller {
             }
             return None;
         };
-        let status = gang.status.clone().unwrap_or_default();
         let now = Timestamp::now();
-        let min = gang.spec.min_member as usize;
-        let seen = snapshot.members.len();
-        let bound = snapshot.members.iter().filter(|m| m.bound).count();
-        let running = snapshot.members.iter().filter(|m| m.running).count();
-        let mut next = GangGroupStatus {
-            phase: status.phase,
-            members: Some(GangMembers {
-                seen: count(seen),
-                reserved: count(bound),
-                bound: count(bound),
-                running: count(running),
-            }),
-            placement: status.placement.clone(),
-            attempts: status.attempts,
-            attempt_start_time: status.attempt_start_time.clone(),
-            message: status.message.clone(),
-            observed_generation: gang.metadata.generation,
-            conditions: status.conditions.clone(),
+        let members = snapshot.counts();
+        let size_error = if next::backing_off(&gang, now) {
+            None
+        } else {
+            self.check_size(namespace, &gang).await
         };
-
-        // After a rollback the gang waits out its backoff before the next attempt.
-        let start = next.attempt_start_time.as_ref().map(|t| t.0);
-        if start.is_some_and(|s| s > now) {
-            self.write_status(&gang, next).await;
-            return Some(GangPhase::TimedOut);
-        }
-        if next.attempt_start_time.is_none() || next.phase == Some(GangPhase::TimedOut) {
-            next.attempt_start_time = Some(Time(now));
-            next.phase = Some(GangPhase::Waiting);
-        }
-
-        if let Some(message) = self.check_size(namespace, &gang).await {
-            next.phase = Some(GangPhase::Failed);
-            next.message = Some(message.clone());
-            self.report_members(namespace, name, &snapshot, "InvalidGang", &message)
-                .await;
-            self.write_status(&gang, next).await;
-            return Some(GangPhase::Failed);
-        }
-
-        let pending = seen - bound;
-        let ran = next
-            .conditions
-            .iter()
-            .any(|c| c.type_ == RAN && c.status == "True");
-        if seen >= min && running >= min {
-            next.phase = Some(GangPhase::Running);
-            next.message = None;
-            if !ran {
-                set_condition(
-                    &mut next.conditions,
-                    condition(
-                        RAN,
-                        "True",
-                        "AllMembersRunning",
-                        "every member ran in this attempt",
-                    ),
-                );
-            }
-        } else if seen < min {
-            next.phase = Some(GangPhase::Waiting);
-            let message = format!("waiting for members: {seen} of {min} exist");
-            next.message = Some(message.clone());
-            self.report_members(namespace, name, &snapshot, "GangIncomplete", &message)
-                .await;
-        } else if pending > 0 && (bound == 0 || ran) {
-            // All pending members in one decision: the whole gang at first, or the replacements
-            // of members that failed after the gang ran.
-            match self.place(namespace, name, gang.spec.highest_tier) {
-                Ok(binding) => {
-                    next.placement = Some(binding.placement.clone());
-                    next.phase = Some(GangPhase::Reserved);
-                    next.message = None;
-                    next.members = Some(GangMembers {
-                        seen: count(seen),
-                        reserved: count(bound + binding.members.len()),
-                        bound: count(bound),
-                        running: count(running),
-                    });
-                    self.write_status(&gang, next.clone()).await;
-                    let bound_now = self.bind(namespace, name, binding).await;
-                    next.phase = Some(if bound_now {
-                        GangPhase::Bound
-                    } else {
-                        GangPhase::Waiting
-                    });
-                    if !bound_now {
-                        next.message =
-                            Some("binding the gang failed; rolled back and retrying".into());
+        let pass = match next::next(&gang, members, size_error, now) {
+            Step::Done(pass) => pass,
+            Step::Place(status) => {
+                let reservation =
+                    self.shared
+                        .lock()
+                        .reserve_gang(namespace, name, gang.spec.highest_tier);
+                match reservation {
+                    Ok(binding) => {
+                        let status = next::reserved(
+                            status,
+                            members,
+                            binding.placement.clone(),
+                            binding.members.len(),
+                        );
+                        self.write_status(&gang, status.clone()).await;
+                        let all_bound = self.bind(namespace, name, binding).await;
+                        next::bound(&gang, status, members, all_bound, now)
                     }
+                    Err(error) => next::unplaceable(&gang, status, members, error.to_string(), now),
                 }
-                Err(message) => {
-                    next.phase = Some(GangPhase::Waiting);
-                    next.message = Some(message.clone());
-                    self.report_members(namespace, name, &snapshot, "Unschedulable", &message)
+            }
+        };
+        for action in &pass.actions {
+            match action {
+                Action::Report { reason, message } => {
+                    self.report_members(namespace, name, &snapshot, reason, message)
                         .await;
                 }
+                Action::RollBack => self.roll_back(namespace, name, &snapshot).await,
             }
-        } else {
-            next.phase = Some(GangPhase::Bound);
         }
-
-        let timeout = i64::from(gang.spec.timeout_seconds);
-        let started = next.attempt_start_time.as_ref().map_or(now, |t| t.0);
-        let ran = next
-            .conditions
-            .iter()
-            .any(|c| c.type_ == RAN && c.status == "True");
-        if !ran && now.as_second() - started.as_second() > timeout {
-            self.roll_back(namespace, name, &snapshot).await;
-            next.attempts += 1;
-            let backoff = FIRST_BACKOFF
-                .saturating_mul(1 << (next.attempts - 1).min(6))
-                .min(MAX_BACKOFF);
-            next.phase = Some(GangPhase::TimedOut);
-            next.message = Some(format!(
-                "not complete and running within {timeout} s ({running} of {min} running, {seen} seen); rolled back, attempt {} starts in {} s",
-                next.attempts + 1,
-                backoff.as_secs()
-            ));
-            next.attempt_start_time = Some(Time(
-                now.saturating_add(
-                    k8s_openapi::jiff::SignedDuration::try_from(backoff).unwrap_or_default(),
-                )
-                .unwrap_or(now),
-            ));
-            next.placement = None;
-            next.members = Some(GangMembers {
-                seen: count(seen),
-                reserved: 0,
-                bound: 0,
-                running: 0,
-            });
-            set_condition(
-                &mut next.conditions,
-                condition(RAN, "False", "RolledBack", "the attempt was rolled back"),
-            );
-        }
-        let phase = next.phase;
-        self.write_status(&gang, next).await;
-        phase
+        self.write_status(&gang, pass.status).await;
+        Some(pass.phase)
     }
 
     fn snapshot(&self, namespace: &str, name: &str) -> Snapshot {
@@ -257,7 +165,7 @@ impl Controller {
                 name: p.name.clone(),
                 // A member whose binding landed but is not in the watch yet counts as bound.
                 bound: p.node.is_some() || state.in_flight(&p.uid),
-                running: p.running || p.succeeded,
+                running: p.life.ran(),
                 pod: p.pending.as_ref().map(|pending| Arc::clone(&pending.pod)),
             })
             .collect();
@@ -304,19 +212,9 @@ impl Controller {
             },
             status: None,
         };
-        let api: Api<GangGroup> = Api::namespaced(self.client.clone(), namespace);
-        match api
-            .create(
-                &PostParams {
-                    field_manager: Some(FIELD_MANAGER.into()),
-                    ..PostParams::default()
-                },
-                &gang,
-            )
-            .await
-        {
-            Ok(created) => self.shared.lock().apply_gang(&created),
-            Err(kube::Error::Api(e)) if e.code == 409 => {}
+        match writes::gangs::create(&self.client, &gang).await {
+            Ok(Some(created)) => self.shared.lock().apply_gang(&created),
+            Ok(None) => {}
             Err(error) => {
                 tracing::warn!(gang = name, %namespace, %error, "could not create the GangGroup")
             }
@@ -346,17 +244,6 @@ impl Controller {
         .map(|v| v.to_string())
     }
 
-    fn place(
-        &self,
-        namespace: &str,
-        name: &str,
-        highest_tier: Tier,
-    ) -> Result<GangBinding, String> {
-        self.shared
-            .lock()
-            .reserve_gang(namespace, name, highest_tier)
-    }
-
     /// Writes the slices of every member (marked Reserved), then the Bindings; any failure rolls
     /// the whole gang back. Returns whether every member was bound.
     async fn bind(&self, namespace: &str, name: &str, binding: GangBinding) -> bool {
@@ -368,13 +255,13 @@ impl Controller {
         let slices: Api<GpuSlice> = Api::namespaced(self.client.clone(), namespace);
         let mut all_slices = Vec::new();
         for (pod, decision) in &binding.members {
-            let (pod_slices, _) = scheduler::slices_and_allocation(pod, decision);
+            let (pod_slices, _) = slices_and_allocation(pod, decision);
             all_slices.extend(pod_slices);
         }
         let created = join_all(all_slices.iter().map(|slice| async {
-            scheduler::create_slice(&slices, slice).await?;
-            mark_reserved(&slices, &slice.name_any()).await;
-            Ok::<(), scheduler::BindError>(())
+            create_slice(&slices, slice, writes::GANGS).await?;
+            mark_reserved(&slices, &slice.name_any(), writes::GANGS).await;
+            Ok::<(), BindError>(())
         }))
         .await;
         self.shared
@@ -383,14 +270,11 @@ impl Controller {
         let mut ok = created.iter().all(Result::is_ok);
         if ok {
             let annotation = binding.annotation.as_str();
-            let bindings =
-                join_all(binding.members.iter().map(|(pod, decision)| {
-                    let allocation = scheduler::allocation_of(pod, decision);
-                    async move {
-                        scheduler::post_binding(&self.client, pod, annotation, &allocation).await
-                    }
-                }))
-                .await;
+            let bindings = join_all(binding.members.iter().map(|(pod, decision)| {
+                let allocation = allocation_of(pod, decision);
+                async move { post_binding(&self.client, pod, annotation, &allocation).await }
+            }))
+            .await;
             ok = bindings.iter().all(Result::is_ok);
             for error in bindings.iter().filter_map(|r| r.as_ref().err()) {
                 tracing::warn!(gang = name, %namespace, %error, "binding a gang member failed");
@@ -433,17 +317,8 @@ impl Controller {
     /// Deletes members of a rolled-back attempt (their controller recreates them). A member
     /// whose delete fails stays bound, and the gang's next timeout rolls it back again.
     async fn delete_members(&self, namespace: &str, names: &[String]) {
-        let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
-        let params = DeleteParams::background();
-        let deleted = join_all(names.iter().map(|name| pods.delete(name, &params))).await;
-        for (name, result) in names.iter().zip(deleted) {
-            match result {
-                Ok(_) => {}
-                Err(kube::Error::Api(e)) if e.code == 404 => {}
-                Err(error) => {
-                    tracing::warn!(pod = %name, %namespace, %error, "could not delete a gang member on rollback");
-                }
-            }
+        for (pod, error) in writes::gangs::delete_members(&self.client, namespace, names).await {
+            tracing::warn!(%pod, %namespace, %error, "could not delete a gang member on rollback");
         }
     }
 
@@ -479,55 +354,11 @@ impl Controller {
         if gang.status.as_ref() == Some(&status) {
             return;
         }
-        let api: Api<GangGroup> =
-            Api::namespaced(self.client.clone(), &gang.namespace().unwrap_or_default());
-        let patch = serde_json::json!({"apiVersion": "runtimekit.aliyun.com/v1alpha1", "kind": "GangGroup", "status": status});
-        match api
-            .patch_status(
-                &gang.name_any(),
-                &PatchParams::apply(FIELD_MANAGER).force(),
-                &Patch::Apply(&patch),
-            )
-            .await
-        {
+        match writes::gangs::write_status(&self.client, gang, &status).await {
             Ok(updated) => self.shared.lock().apply_gang(&updated),
             Err(error) => {
                 tracing::warn!(gang = %gang.name_any(), %error, "could not write the GangGroup status")
             }
         }
     }
-}
-
-async fn mark_reserved(api: &Api<GpuSlice>, name: &str) {
-    let patch = serde_json::json!({"apiVersion": "runtimekit.aliyun.com/v1alpha1", "kind": "GpuSlice", "status": {"phase": SlicePhase::Reserved}});
-    if let Err(error) = api
-        .patch_status(
-            name,
-            &PatchParams::apply(FIELD_MANAGER),
-            &Patch::Apply(&patch),
-        )
-        .await
-    {
-        tracing::debug!(slice = name, %error, "could not mark a slice Reserved");
-    }
-}
-
-fn condition(
-    type_: &str,
-    status: &str,
-    reason: &str,
-    message: &str,
-) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
-    k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
-        type_: type_.into(),
-        status: status.into(),
-        reason: reason.into(),
-        message: message.into(),
-        last_transition_time: Time(Timestamp::now()),
-        observed_generation: None,
-    }
-}
-
-fn count(n: usize) -> u32 {
-    u32::try_from(n).unwrap_or(u32::MAX)
 }

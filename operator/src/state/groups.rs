@@ -1,0 +1,291 @@
+//! TopologyGroups: a node-tier group carries its node's cards, NICs and heartbeat; higher tiers
+//! are derived from node labels or applied by an administrator. Also what the TopologyGroup
+//! controller must write.
+
+use super::nodes::network_position;
+use super::{Feed, Now, State};
+use crate::topology::{self, AppliedGroup, DERIVED_LABEL};
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use runtimekit_crds::{CardStatus, NicStatus, Tier, TopologyCapacity, TopologyGroup};
+use runtimekit_placement as placement;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+impl Feed for TopologyGroup {
+    const KIND: &'static str = "TopologyGroup";
+    fn key(&self) -> String {
+        self.name_any()
+    }
+    fn apply(&self, state: &mut State, now: Now) {
+        state.apply_group(self, now.wall);
+    }
+    fn remove(key: &str, state: &mut State, _now: Now) {
+        state.delete_group(key);
+    }
+    fn known(state: &State) -> Vec<String> {
+        state.group_names()
+    }
+}
+
+/// How long a node agent may go without a heartbeat before its cards are withheld.
+/// Agents heartbeat every 30 s by default, so this is three missed beats.
+pub const AGENT_STALE_AFTER: Duration = Duration::from_secs(90);
+
+/// A node-tier TopologyGroup, as far as the state needs it.
+#[derive(Debug, Clone)]
+pub(super) struct NodeGroup {
+    /// The node it describes.
+    pub(super) node: String,
+    /// The agent's last heartbeat.
+    heartbeat: Option<Timestamp>,
+    /// The group's parent as the API has it.
+    parent: Option<String>,
+    /// The capacity the agent reports.
+    capacity: TopologyCapacity,
+    /// Whether the agent was last reported as not reporting.
+    stale_reported: bool,
+    /// A hash of the cards and NICs last given to the engine.
+    devices: u64,
+}
+
+/// What the TopologyGroup controller must write.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TopologyPlan {
+    /// Derived groups to create or update: (name, tier, parent).
+    pub derived: Vec<(String, Tier, Option<String>)>,
+    /// Derived groups no node names any more.
+    pub obsolete: Vec<String>,
+    /// Node-tier groups whose parent must change: (group, parent).
+    pub parents: Vec<(String, Option<String>)>,
+    /// Higher-tier groups' status: (name, member nodes, aggregate capacity).
+    pub status: Vec<(String, Vec<String>, TopologyCapacity)>,
+    /// Node-tier groups whose agent's reporting changed: (group, reporting).
+    pub reporting: Vec<(String, bool)>,
+}
+
+/// A hash of a node's cards and NICs, to tell a heartbeat from a change of devices.
+fn devices_hash(cards: &[CardStatus], nics: &[NicStatus]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    serde_json::to_string(&(cards, nics))
+        .unwrap_or_default()
+        .hash(&mut hasher);
+    hasher.finish()
+}
+
+/// Whether an agent whose last heartbeat is `heartbeat` still reports at `now`.
+fn fresh(heartbeat: Option<Timestamp>, now: Timestamp) -> bool {
+    let stale_after = i64::try_from(AGENT_STALE_AFTER.as_secs()).unwrap_or(i64::MAX);
+    heartbeat.is_some_and(|t| now.as_second().saturating_sub(t.as_second()) <= stale_after)
+}
+
+impl State {
+    /// Applies a TopologyGroup: a node-tier group carries the node's cards, NICs and heartbeat;
+    /// an administrator's higher-tier group places its members.
+    pub fn apply_group(&mut self, group: &TopologyGroup, now: Timestamp) {
+        let name = group.name_any();
+        if group.spec.tier == Tier::Node {
+            let Some(node) = group.spec.node_name.clone() else {
+                return;
+            };
+            let status = group.status.clone().unwrap_or_default();
+            let cards: Vec<placement::CardInfo> = status
+                .cards
+                .iter()
+                .map(placement::CardInfo::from_status)
+                .collect();
+            let nics: Vec<placement::NicInfo> = status
+                .nics
+                .iter()
+                .map(placement::NicInfo::from_status)
+                .collect();
+            // Heartbeats rewrite the status every few seconds; the devices rarely change.
+            let devices = devices_hash(&status.cards, &status.nics);
+            if self
+                .node_groups
+                .get(&name)
+                .is_none_or(|g| g.devices != devices)
+            {
+                self.engine.set_devices(&node, &cards, &nics);
+            }
+            let heartbeat = status.heartbeat_time.map(|t| t.0);
+            let reporting = fresh(heartbeat, now);
+            let was_reporting = self
+                .node_groups
+                .get(&name)
+                .is_some_and(|g| fresh(g.heartbeat, now));
+            if reporting && !was_reporting {
+                self.capacity_freed = true;
+            }
+            self.engine.set_agent_reporting(&node, reporting);
+            let stale_reported = self
+                .node_groups
+                .get(&name)
+                .is_some_and(|g| g.stale_reported);
+            let capacity = status.capacity.clone().unwrap_or_default();
+            self.node_groups.insert(
+                name,
+                NodeGroup {
+                    node,
+                    heartbeat,
+                    parent: group.spec.parent.clone(),
+                    capacity,
+                    stale_reported,
+                    devices,
+                },
+            );
+            return;
+        }
+        let derived = group
+            .labels()
+            .get(DERIVED_LABEL)
+            .is_some_and(|v| v == "true");
+        if derived {
+            self.derived_groups
+                .insert(name, group.status.clone().unwrap_or_default());
+            return;
+        }
+        let applied = AppliedGroup {
+            name: name.clone(),
+            tier: group.spec.tier,
+            parent: group.spec.parent.clone(),
+            members: group.spec.members.clone().unwrap_or_default(),
+        };
+        if self.applied_groups.get(&name) != Some(&applied) {
+            self.applied_groups.insert(name, applied);
+            self.tree_dirty = true;
+        }
+    }
+
+    /// Forgets a deleted TopologyGroup.
+    pub fn delete_group(&mut self, name: &str) {
+        self.derived_groups.remove(name);
+        if let Some(group) = self.node_groups.remove(name) {
+            self.engine.set_devices(&group.node, &[], &[]);
+            self.engine.set_agent_reporting(&group.node, false);
+        }
+        if self.applied_groups.remove(name).is_some() {
+            self.tree_dirty = true;
+        }
+    }
+
+    /// Names of every known TopologyGroup.
+    pub fn group_names(&self) -> Vec<String> {
+        self.node_groups
+            .keys()
+            .chain(self.applied_groups.keys())
+            .chain(self.derived_groups.keys())
+            .cloned()
+            .collect()
+    }
+
+    /// What the TopologyGroup controller must write to make the API match the tree, the
+    /// aggregate capacities and the agents' reporting.
+    pub fn topology_plan(&mut self, now: Timestamp) -> TopologyPlan {
+        let mut plan = TopologyPlan::default();
+        for group in self.tree.derived.values() {
+            plan.derived
+                .push((group.name.clone(), group.tier, group.parent.clone()));
+        }
+        plan.obsolete = self
+            .derived_groups
+            .keys()
+            .filter(|n| !self.tree.derived.contains_key(*n))
+            .cloned()
+            .collect();
+        let mut members: BTreeMap<String, (Vec<String>, TopologyCapacity)> = BTreeMap::new();
+        for (name, group) in &mut self.node_groups {
+            let position = self
+                .tree
+                .positions
+                .get(&group.node)
+                .cloned()
+                .unwrap_or_default();
+            let parent = position
+                .hyper_node
+                .clone()
+                .or(position.leaf_switch.clone())
+                .or(position.network_pod.clone());
+            if group.parent != parent {
+                plan.parents.push((name.clone(), parent));
+            }
+            let reporting = fresh(group.heartbeat, now);
+            if group.stale_reported == reporting {
+                group.stale_reported = !reporting;
+                plan.reporting.push((name.clone(), reporting));
+            }
+            for tier_group in [
+                &position.hyper_node,
+                &position.leaf_switch,
+                &position.network_pod,
+            ]
+            .into_iter()
+            .flatten()
+            {
+                let entry = members.entry(tier_group.clone()).or_default();
+                entry.0.push(group.node.clone());
+                let c = &group.capacity;
+                entry.1.nodes += 1;
+                entry.1.cards += c.cards;
+                entry.1.healthy_cards += c.healthy_cards;
+                entry.1.free_cards += c.free_cards;
+                entry.1.mig_cards += c.mig_cards;
+            }
+        }
+        let higher: BTreeSet<&String> = self
+            .tree
+            .derived
+            .keys()
+            .chain(self.applied_groups.keys())
+            .collect();
+        for name in higher {
+            let (nodes, capacity) = members.remove(name).unwrap_or_default();
+            let current = self.derived_groups.get(name.as_str());
+            if current.is_none_or(|s| s.nodes != nodes || s.capacity.as_ref() != Some(&capacity)) {
+                plan.status.push((name.clone(), nodes, capacity));
+            }
+        }
+        plan
+    }
+
+    /// Withholds the cards of nodes whose agent stopped reporting, and offers them again when it
+    /// resumes. Returns the node groups that are stale now.
+    pub fn refresh_heartbeats(&mut self, now: Timestamp) -> Vec<String> {
+        let mut stale = Vec::new();
+        for (name, group) in &self.node_groups {
+            let reporting = fresh(group.heartbeat, now);
+            self.engine.set_agent_reporting(&group.node, reporting);
+            if !reporting {
+                stale.push(name.clone());
+            }
+        }
+        stale
+    }
+
+    /// Recomputes the topology tree if node labels or applied groups changed, and moves the
+    /// nodes whose position changed.
+    pub fn refresh_topology(&mut self) -> bool {
+        if !self.tree_dirty {
+            return false;
+        }
+        self.tree_dirty = false;
+        let applied: Vec<AppliedGroup> = self.applied_groups.values().cloned().collect();
+        let tree = topology::build(
+            self.nodes
+                .iter()
+                .map(|(n, info)| (n.as_str(), &info.labels)),
+            &applied,
+            &self.config.topology_labels,
+        );
+        for (name, info) in &mut self.nodes {
+            let position = network_position(&tree.positions.get(name).cloned().unwrap_or_default());
+            if info.position != position {
+                info.position = position;
+                self.engine.upsert_node(info.clone());
+            }
+        }
+        self.tree = tree;
+        true
+    }
+}

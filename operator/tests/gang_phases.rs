@@ -1,0 +1,261 @@
+//! The GangGroup state machine (`gangs::next`) without an apiserver: every phase a gang passes
+//! through, the timeout, the rollback with its backoff, and the latch that keeps a gang that ran
+//! from being rolled back.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use runtimekit_crds::{GangGroup, GangGroupSpec, GangGroupStatus, GangPhase, GangPlacement, Tier};
+use runtimekit_operator::gangs::next::{
+    self, Action, Members, Pass, RAN, Step, backing_off, bound, reserved, unplaceable,
+};
+
+const TIMEOUT: u32 = 60;
+
+fn gang(status: Option<GangGroupStatus>) -> GangGroup {
+    let mut gang = GangGroup::new(
+        "train",
+        GangGroupSpec {
+            min_member: 4,
+            timeout_seconds: TIMEOUT,
+            highest_tier: Tier::NetworkPod,
+            job_set: None,
+        },
+    );
+    gang.status = status;
+    gang
+}
+
+fn at(seconds: i64) -> Timestamp {
+    Timestamp::UNIX_EPOCH + SignedDuration::from_secs(1_000_000 + seconds)
+}
+
+fn placement() -> GangPlacement {
+    GangPlacement {
+        tier: Tier::LeafSwitch,
+        group: "leaf-a".into(),
+        nodes: vec!["node-1".into(), "node-2".into()],
+    }
+}
+
+fn members(seen: usize, bound: usize, running: usize) -> Members {
+    Members {
+        seen,
+        bound,
+        running,
+    }
+}
+
+fn done(step: Step) -> Pass {
+    match step {
+        Step::Done(pass) => pass,
+        Step::Place(status) => unreachable!("expected a decided pass, got Place with {status:?}"),
+    }
+}
+
+fn ran(status: &GangGroupStatus) -> Option<&str> {
+    status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == RAN)
+        .map(|c| c.status.as_str())
+}
+
+#[test]
+fn a_new_gang_starts_its_attempt_and_waits_for_members() {
+    let pass = done(next::next(&gang(None), members(2, 0, 0), None, at(0)));
+    assert_eq!(pass.phase, GangPhase::Waiting);
+    assert_eq!(pass.status.attempt_start_time, Some(Time(at(0))));
+    assert_eq!(
+        pass.actions,
+        [Action::Report {
+            reason: "GangIncomplete",
+            message: "waiting for members: 2 of 4 exist".into()
+        }]
+    );
+    let counts = pass.status.members.expect("members");
+    assert_eq!((counts.seen, counts.bound), (2, 0));
+}
+
+#[test]
+fn a_size_error_fails_the_gang() {
+    let pass = done(next::next(
+        &gang(None),
+        members(4, 0, 0),
+        Some("min-member 4 but the JobSet runs 7".into()),
+        at(0),
+    ));
+    assert_eq!(pass.phase, GangPhase::Failed);
+    assert_eq!(pass.status.phase, Some(GangPhase::Failed));
+    assert!(matches!(
+        &pass.actions[..],
+        [Action::Report {
+            reason: "InvalidGang",
+            ..
+        }]
+    ));
+}
+
+#[test]
+fn a_complete_gang_is_placed_reserved_then_bound() {
+    let Step::Place(status) = next::next(&gang(None), members(4, 0, 0), None, at(1)) else {
+        panic!("four pending members of four are placed");
+    };
+    let status = reserved(status, members(4, 0, 0), placement(), 4);
+    assert_eq!(status.phase, Some(GangPhase::Reserved));
+    assert_eq!(status.placement, Some(placement()));
+    assert_eq!(status.members.as_ref().map(|m| m.reserved), Some(4));
+    let pass = bound(&gang(None), status, members(4, 0, 0), true, at(1));
+    assert_eq!(pass.phase, GangPhase::Bound);
+    assert!(pass.actions.is_empty());
+}
+
+#[test]
+fn a_failed_binding_leaves_the_gang_waiting_with_the_reason() {
+    let Step::Place(status) = next::next(&gang(None), members(4, 0, 0), None, at(1)) else {
+        panic!("placed");
+    };
+    let status = reserved(status, members(4, 0, 0), placement(), 4);
+    let pass = bound(&gang(None), status, members(4, 0, 0), false, at(1));
+    assert_eq!(pass.phase, GangPhase::Waiting);
+    assert_eq!(
+        pass.status.message.as_deref(),
+        Some("binding the gang failed; rolled back and retrying")
+    );
+}
+
+#[test]
+fn a_gang_that_does_not_fit_tells_its_members_why() {
+    let Step::Place(status) = next::next(&gang(None), members(4, 0, 0), None, at(1)) else {
+        panic!("placed");
+    };
+    let pass = unplaceable(
+        &gang(None),
+        status,
+        members(4, 0, 0),
+        "no room".into(),
+        at(1),
+    );
+    assert_eq!(pass.phase, GangPhase::Waiting);
+    assert_eq!(
+        pass.actions,
+        [Action::Report {
+            reason: "Unschedulable",
+            message: "no room".into()
+        }]
+    );
+}
+
+#[test]
+fn bound_members_that_all_run_latch_ran() {
+    let started = done(next::next(&gang(None), members(4, 4, 0), None, at(0))).status;
+    assert_eq!(started.phase, Some(GangPhase::Bound));
+    let pass = done(next::next(
+        &gang(Some(started)),
+        members(4, 4, 4),
+        None,
+        at(10),
+    ));
+    assert_eq!(pass.phase, GangPhase::Running);
+    assert_eq!(ran(&pass.status), Some("True"));
+    // Past the timeout, a gang that ran is never rolled back, even with a member gone.
+    let later = done(next::next(
+        &gang(Some(pass.status.clone())),
+        members(3, 3, 3),
+        None,
+        at(i64::from(TIMEOUT) * 3),
+    ));
+    assert!(!later.actions.contains(&Action::RollBack));
+    assert_eq!(later.phase, GangPhase::Waiting);
+    // The replacement of a failed member is placed alone, the others staying bound.
+    assert!(matches!(
+        next::next(
+            &gang(Some(pass.status)),
+            members(4, 3, 3),
+            None,
+            at(i64::from(TIMEOUT) * 3)
+        ),
+        Step::Place(_)
+    ));
+}
+
+#[test]
+fn the_timeout_rolls_back_and_backs_off_doubling() {
+    let started = done(next::next(&gang(None), members(4, 4, 0), None, at(0))).status;
+    let within = done(next::next(
+        &gang(Some(started.clone())),
+        members(4, 4, 1),
+        None,
+        at(i64::from(TIMEOUT)),
+    ));
+    assert!(within.actions.is_empty(), "not past the timeout yet");
+    let first = done(next::next(
+        &gang(Some(started)),
+        members(4, 4, 1),
+        None,
+        at(i64::from(TIMEOUT) + 1),
+    ));
+    assert_eq!(first.actions, [Action::RollBack]);
+    assert_eq!(first.phase, GangPhase::TimedOut);
+    assert_eq!(first.status.attempts, 1);
+    assert_eq!(first.status.placement, None);
+    assert_eq!(ran(&first.status), Some("False"));
+    let restart = at(i64::from(TIMEOUT) + 1 + 5);
+    assert_eq!(first.status.attempt_start_time, Some(Time(restart)));
+    assert_eq!(
+        first.status.message.as_deref(),
+        Some(
+            "not complete and running within 60 s (1 of 4 running, 4 seen); rolled back, attempt 2 starts in 5 s"
+        )
+    );
+
+    // During the backoff nothing happens but the counts.
+    let waiting = gang(Some(first.status.clone()));
+    assert!(backing_off(
+        &waiting,
+        restart - SignedDuration::from_secs(1)
+    ));
+    let pass = done(next::next(
+        &waiting,
+        members(4, 0, 0),
+        Some("ignored while backing off".into()),
+        restart - SignedDuration::from_secs(1),
+    ));
+    assert_eq!(pass.phase, GangPhase::TimedOut);
+    assert!(pass.actions.is_empty());
+
+    // The next attempt starts after it, and its own timeout backs off twice as long.
+    assert!(!backing_off(&waiting, restart));
+    let Step::Place(second) = next::next(&waiting, members(4, 0, 0), None, restart) else {
+        panic!("the second attempt places the gang again");
+    };
+    assert_eq!(second.phase, Some(GangPhase::Waiting));
+    assert_eq!(second.attempt_start_time, Some(Time(restart)));
+    let second = unplaceable(
+        &waiting,
+        second,
+        members(4, 0, 0),
+        "no room".into(),
+        restart,
+    );
+    let past = restart + SignedDuration::from_secs(i64::from(TIMEOUT) + 1);
+    let still_waiting = gang(Some(second.status));
+    let Step::Place(third) = next::next(&still_waiting, members(4, 0, 0), None, past) else {
+        panic!("pending members are placed again on every pass");
+    };
+    let timed_out = unplaceable(
+        &still_waiting,
+        third,
+        members(4, 0, 0),
+        "no room".into(),
+        past,
+    );
+    assert_eq!(timed_out.actions.last(), Some(&Action::RollBack));
+    assert_eq!(timed_out.status.attempts, 2);
+    assert!(
+        timed_out
+            .status
+            .message
+            .as_deref()
+            .is_some_and(|m| m.ends_with("attempt 3 starts in 10 s"))
+    );
+}
