@@ -8,6 +8,7 @@
 
 pub mod next;
 
+use crate::backoff::Backoff;
 use crate::jobset::JobSet;
 use crate::objects::{allocation_of, slices_and_allocation};
 use crate::shared::Shared;
@@ -25,7 +26,7 @@ use next::{Action, Members, Step};
 use runtimekit_crds::{GangGroup, GangGroupSpec, GangGroupStatus, GangPhase, GpuSlice, Tier};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How often gangs are looked at even without a change (timeouts advance on their own).
 const TICK: Duration = Duration::from_secs(1);
@@ -37,6 +38,7 @@ pub async fn run(shared: Arc<Shared>, client: Client, reports: Reports) {
         client,
         reports,
         reported: BTreeMap::new(),
+        held: BTreeMap::new(),
     };
     let mut changes = shared.subscribe();
     loop {
@@ -50,7 +52,12 @@ pub async fn run(shared: Arc<Shared>, client: Client, reports: Reports) {
         };
         let mut phases: BTreeMap<String, i64> = BTreeMap::new();
         for (namespace, name) in gangs {
-            if let Some(phase) = controller.reconcile(&namespace, &name).await {
+            let key = (namespace, name);
+            let phase = match controller.held_phase(&key) {
+                Some(held) => held,
+                None => controller.reconcile(&key.0, &key.1).await,
+            };
+            if let Some(phase) = phase {
                 *phases.entry(format!("{phase:?}")).or_default() += 1;
             }
         }
@@ -73,6 +80,40 @@ struct Controller {
     /// The last message reported to each gang's members and which members got it, so each
     /// member hears each change once, members that arrive later included.
     reported: BTreeMap<(String, String), (String, BTreeSet<String>)>,
+    /// Gangs whose last status write failed, and until when they are left alone.
+    held: BTreeMap<(String, String), Hold>,
+}
+
+/// How long a gang whose status write failed is left alone: the error policy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Hold {
+    /// The apiserver refused the status as invalid: writing it again cannot help, so the gang
+    /// waits until its object changes (this resource version is gone).
+    UntilChanged(Option<String>),
+    /// A transient failure (the apiserver away, overloaded or timing out): retried after a
+    /// backoff that doubles with each failure in a row.
+    Until { at: Instant, failures: u32 },
+}
+
+/// The backoff of a gang whose status write failed transiently.
+const WRITE_BACKOFF: Backoff = Backoff {
+    first: Duration::from_secs(1),
+    max: Duration::from_secs(30),
+};
+
+impl Hold {
+    /// The hold after `error`, the `failures`-th transient failure in a row if it is transient.
+    fn after(error: &kube::Error, gang: &GangGroup, failures: u32, now: Instant) -> Hold {
+        match error {
+            kube::Error::Api(status) if matches!(status.code, 400 | 403 | 404 | 422) => {
+                Hold::UntilChanged(gang.metadata.resource_version.clone())
+            }
+            _ => Hold::Until {
+                at: now + WRITE_BACKOFF.after(failures),
+                failures,
+            },
+        }
+    }
 }
 
 /// A snapshot of one gang, taken under the lock.
@@ -103,6 +144,22 @@ struct Member {
 }
 
 impl Controller {
+    /// The phase of a gang held after a failed write, which this pass leaves alone; `None` for a
+    /// gang to reconcile.
+    fn held_phase(&mut self, key: &(String, String)) -> Option<Option<GangPhase>> {
+        let hold = self.held.get(key)?;
+        let gang = self.shared.lock().gang(&key.0, &key.1).cloned();
+        let waiting = match (hold, &gang) {
+            (Hold::UntilChanged(version), Some(gang)) => *version == gang.metadata.resource_version,
+            (Hold::Until { at, .. }, Some(_)) => Instant::now() < *at,
+            (_, None) => false,
+        };
+        if !waiting {
+            return None;
+        }
+        Some(gang.and_then(|g| g.status.as_ref().and_then(|s| s.phase)))
+    }
+
     /// One pass over the gang `namespace/name`: decide with [`next`], then carry it out.
     async fn reconcile(&mut self, namespace: &str, name: &str) -> Option<GangPhase> {
         let snapshot = self.snapshot(namespace, name);
@@ -134,7 +191,11 @@ impl Controller {
                             binding.placement.clone(),
                             binding.members.len(),
                         );
-                        self.write_status(&gang, status.clone()).await;
+                        // Informational: the bindings go ahead even if this write fails, and the
+                        // pass's last write says where they ended.
+                        if let Err(error) = self.write_status(&gang, status.clone()).await {
+                            tracing::warn!(gang = name, %namespace, %error, "could not mark the GangGroup Reserved");
+                        }
                         let all_bound = self.bind(namespace, name, binding).await;
                         next::bound(&gang, status, members, all_bound, now)
                     }
@@ -151,7 +212,21 @@ impl Controller {
                 Action::RollBack => self.roll_back(namespace, name, &snapshot).await,
             }
         }
-        self.write_status(&gang, pass.status).await;
+        let key = (namespace.to_owned(), name.to_owned());
+        match self.write_status(&gang, pass.status).await {
+            Ok(()) => {
+                self.held.remove(&key);
+            }
+            Err(error) => {
+                let failures = match self.held.get(&key) {
+                    Some(Hold::Until { failures, .. }) => failures + 1,
+                    _ => 1,
+                };
+                let hold = Hold::after(&error, &gang, failures, Instant::now());
+                tracing::warn!(gang = name, %namespace, %error, ?hold, "could not write the GangGroup status");
+                self.held.insert(key, hold);
+            }
+        }
         Some(pass.phase)
     }
 
@@ -350,15 +425,68 @@ impl Controller {
         .await;
     }
 
-    async fn write_status(&self, gang: &GangGroup, status: GangGroupStatus) {
+    /// Writes `status` unless the gang has it already; the gang as written feeds the state at
+    /// once, so the next pass starts from it.
+    async fn write_status(
+        &self,
+        gang: &GangGroup,
+        status: GangGroupStatus,
+    ) -> Result<(), kube::Error> {
         if gang.status.as_ref() == Some(&status) {
-            return;
+            return Ok(());
         }
-        match writes::gangs::write_status(&self.client, gang, &status).await {
-            Ok(updated) => self.shared.lock().apply_gang(&updated),
-            Err(error) => {
-                tracing::warn!(gang = %gang.name_any(), %error, "could not write the GangGroup status")
-            }
+        let updated = writes::gangs::write_status(&self.client, gang, &status).await?;
+        self.shared.lock().apply_gang(&updated);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Hold, WRITE_BACKOFF};
+    use runtimekit_crds::{GangGroup, GangGroupSpec, Tier};
+    use std::time::Instant;
+
+    fn api_error(code: u16) -> kube::Error {
+        let status = serde_json::from_value(serde_json::json!({
+            "status": "Failure", "message": "refused", "reason": "Refused", "code": code,
+        }))
+        .expect("status");
+        kube::Error::Api(Box::new(status))
+    }
+
+    fn gang() -> GangGroup {
+        let mut gang = GangGroup::new(
+            "train",
+            GangGroupSpec {
+                min_member: 2,
+                timeout_seconds: 60,
+                highest_tier: Tier::NetworkPod,
+                job_set: None,
+            },
+        );
+        gang.metadata.resource_version = Some("41".into());
+        gang
+    }
+
+    #[test]
+    fn an_invalid_status_waits_for_the_gang_to_change() {
+        let hold = Hold::after(&api_error(422), &gang(), 1, Instant::now());
+        assert_eq!(hold, Hold::UntilChanged(Some("41".into())));
+    }
+
+    #[test]
+    fn a_transient_failure_backs_off_doubling() {
+        let now = Instant::now();
+        for (failures, code) in [(1, 500), (3, 503), (9, 429)] {
+            let hold = Hold::after(&api_error(code), &gang(), failures, now);
+            assert_eq!(
+                hold,
+                Hold::Until {
+                    at: now + WRITE_BACKOFF.after(failures),
+                    failures
+                }
+            );
         }
     }
 }
