@@ -1,6 +1,7 @@
-//! Errors of the resource layer, each with a gRPC code and a stable PascalCase reason that
+//! Errors of the resource layer, each with a gRPC code and a stable PascalCase [`Reason`] that
 //! travels in the `runtimekit-reason` metadata entry of the gRPC status.
 
+use crate::reason::Reason;
 use std::time::Duration;
 use thiserror::Error;
 use tonic::{Code, Status};
@@ -132,38 +133,38 @@ impl LayerError {
     }
 
     /// The stable reason of the error, for callers that branch on it, Events and metrics.
-    pub fn reason(&self) -> &'static str {
+    pub fn reason(&self) -> Reason {
         match self {
-            Self::NoSuchDevice { .. } => "NoSuchDevice",
-            Self::UuidMismatch { .. } => "DeviceUuidMismatch",
-            Self::DeviceLost { .. } => "DeviceLost",
-            Self::MigModeDisabled { .. } => "MigModeDisabled",
-            Self::MigUnsupported { .. } => "MigUnsupported",
-            Self::MigModeEnabled { .. } => "MigModeEnabled",
-            Self::SharingUnsupported { .. } => "SharingUnsupported",
-            Self::UnknownProfile { .. } => "UnknownMigProfile",
-            Self::IllegalPlacement { .. } => "IllegalPlacement",
-            Self::Overlap { .. } => "InstanceOverlap",
-            Self::KeyConflict { .. } => "InstanceKeyConflict",
-            Self::InUse { .. } => "InstanceInUse",
-            Self::InvalidArgument(_) => "InvalidArgument",
-            Self::Hang { .. } => "CallHang",
-            Self::NvmlNotFound(_) => "NvmlNotFound",
-            Self::DriverNotLoaded(_) => "DriverNotLoaded",
-            Self::Nvml { .. } => "NvmlError",
-            Self::Unsupported(_) => "Unsupported",
-            Self::Profile(_) => "InvalidProfile",
-            Self::State { .. } => "StateFile",
+            Self::NoSuchDevice { .. } => Reason::NoSuchDevice,
+            Self::UuidMismatch { .. } => Reason::DeviceUuidMismatch,
+            Self::DeviceLost { .. } => Reason::DeviceLost,
+            Self::MigModeDisabled { .. } => Reason::MigModeDisabled,
+            Self::MigUnsupported { .. } => Reason::MigUnsupported,
+            Self::MigModeEnabled { .. } => Reason::MigModeEnabled,
+            Self::SharingUnsupported { .. } => Reason::SharingUnsupported,
+            Self::UnknownProfile { .. } => Reason::UnknownMigProfile,
+            Self::IllegalPlacement { .. } => Reason::IllegalPlacement,
+            Self::Overlap { .. } => Reason::InstanceOverlap,
+            Self::KeyConflict { .. } => Reason::InstanceKeyConflict,
+            Self::InUse { .. } => Reason::InstanceInUse,
+            Self::InvalidArgument(_) => Reason::InvalidArgument,
+            Self::Hang { .. } => Reason::CallHang,
+            Self::NvmlNotFound(_) => Reason::NvmlNotFound,
+            Self::DriverNotLoaded(_) => Reason::DriverNotLoaded,
+            Self::Nvml { .. } => Reason::NvmlError,
+            Self::Unsupported(_) => Reason::Unsupported,
+            Self::Profile(_) => Reason::InvalidProfile,
+            Self::State { .. } => Reason::StateFile,
         }
     }
 }
 
 /// A status with the given code, message and reason.
-pub fn status_with_reason(code: Code, message: impl Into<String>, reason: &'static str) -> Status {
+pub fn status_with_reason(code: Code, message: impl Into<String>, reason: Reason) -> Status {
     let mut status = Status::new(code, message);
     status.metadata_mut().insert(
         REASON_METADATA,
-        tonic::metadata::MetadataValue::from_static(reason),
+        tonic::metadata::MetadataValue::from_static(reason.as_str()),
     );
     status
 }
@@ -174,7 +175,8 @@ impl From<LayerError> for Status {
     }
 }
 
-/// The stable reason of a status from the resource layer, if it has one.
+/// The stable reason of a status from the resource layer, if it has one; parse it into a
+/// [`Reason`] to branch on it.
 pub fn reason_of(status: &Status) -> Option<&str> {
     status.metadata().get(REASON_METADATA)?.to_str().ok()
 }

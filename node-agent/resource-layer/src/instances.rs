@@ -377,9 +377,9 @@ mod tests {
             Ok(Resolution::Existing(0))
         );
         let err = resolve(&existing, &request("a", "3g.40gb", 0), "GPU-0").expect_err("conflict");
-        assert_eq!(err.reason(), "InstanceKeyConflict");
+        assert_eq!(err.reason().as_str(), "InstanceKeyConflict");
         let err = resolve(&existing, &request("a", "3g.40gb", 4), "GPU-1").expect_err("other card");
-        assert_eq!(err.reason(), "InstanceKeyConflict");
+        assert_eq!(err.reason().as_str(), "InstanceKeyConflict");
         assert_eq!(
             resolve(&existing, &request("b", "3g.40gb", 0), "GPU-0"),
             Ok(Resolution::New)
@@ -409,7 +409,7 @@ mod tests {
         let ok = check_mig_placement(t, 0, "3g.40gb", 4, &[]).expect("legal");
         assert_eq!(ok.name, "3g.40gb");
         let err = check_mig_placement(t, 0, "4g.40gb", 4, &[]).expect_err("4g at 4");
-        assert_eq!(err.reason(), "IllegalPlacement");
+        assert_eq!(err.reason().as_str(), "IllegalPlacement");
         assert_eq!(
             err.to_string(),
             "4g.40gb cannot start at memory slice 4 on H800-80GB; its legal starts are 0"
@@ -420,7 +420,7 @@ mod tests {
             "{err}"
         );
         let err = check_mig_placement(t, 0, "3g.20gb", 0, &[]).expect_err("A100 name");
-        assert_eq!(err.reason(), "UnknownMigProfile");
+        assert_eq!(err.reason().as_str(), "UnknownMigProfile");
         assert!(
             err.to_string().contains("it offers 1g.10gb, 1g.20gb"),
             "{err}"
@@ -428,7 +428,7 @@ mod tests {
 
         let taken = mig(Some("a"), "GPU-0", "2g.20gb", 2);
         let err = check_mig_placement(t, 5, "3g.40gb", 0, &[&taken]).expect_err("overlap");
-        assert_eq!(err.reason(), "InstanceOverlap");
+        assert_eq!(err.reason().as_str(), "InstanceOverlap");
         assert_eq!(
             err.to_string(),
             "3g.40gb at memory slice 0 on card 5 overlaps instance a (MIG 2g.20gb at 2)"
@@ -447,7 +447,7 @@ mod tests {
             "{err}"
         );
         let err = check_mig_placement(t, 0, "3g.12gb", 0, &[]).expect_err("no 3g");
-        assert_eq!(err.reason(), "UnknownMigProfile");
+        assert_eq!(err.reason().as_str(), "UnknownMigProfile");
         let profiles = table_profiles(t);
         let max: Vec<u32> = profiles.iter().map(|p| p.max_instances).collect();
         assert_eq!(max, [4, 2, 1]);
@@ -505,7 +505,7 @@ mod tests {
             ),
         ] {
             let err = CreateRequest::from_proto(request).expect_err(why);
-            assert_eq!(err.reason(), "InvalidArgument", "{why}");
+            assert_eq!(err.reason().as_str(), "InvalidArgument", "{why}");
         }
         let no_spec = pb::CreateInstanceRequest {
             key: "s".into(),

@@ -8,6 +8,8 @@
 //! - [`server::serve`] serves a backend on a socket inside the caller's tokio runtime and
 //!   returns a handle, so tests and the node agent can embed many servers in one process.
 //! - [`client::connect`] and friends connect to a socket.
+//! - [`reason::Reason`] is the stable reason an error carries on the wire; callers parse it
+//!   from [`reason_of`] and ask [`Reason::is_permanent`].
 //! - [`probe::report`] is the read-only report the `probe` command prints.
 
 pub mod backend;
@@ -18,6 +20,7 @@ pub mod health;
 pub mod instances;
 pub mod nvml;
 pub mod probe;
+pub mod reason;
 pub mod server;
 pub mod sim;
 pub mod store;
@@ -30,6 +33,7 @@ pub use backend::{Backend, DestroyTarget, FaultInjector};
 pub use client::{connect, connect_lazy, fault_client, resource_client};
 pub use error::{LayerError, reason_of};
 pub use nvml::{NvmlBackend, NvmlOptions};
+pub use reason::{Reason, UnknownReason};
 pub use server::{ServeError, ServeOptions, ServerHandle, serve};
 pub use sim::{SimOptions, SimProfile, SimulatedBackend};
 pub use util::Clock;

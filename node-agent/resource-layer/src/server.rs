@@ -7,6 +7,7 @@
 use crate::backend::{Backend, DestroyTarget};
 use crate::error::{LayerError, status_with_reason};
 use crate::instances::CreateRequest;
+use crate::reason::Reason;
 use futures::{Stream, StreamExt};
 use runtimekit_proto::resource::v1alpha1 as pb;
 use runtimekit_proto::resource::v1alpha1::fault_injection_server::{
@@ -119,7 +120,7 @@ where
         Ok(Err(join)) => Err(status_with_reason(
             Code::Internal,
             format!("{what} failed inside the resource layer: {join}"),
-            "Internal",
+            Reason::Internal,
         )),
         Err(_) => {
             tracing::warn!(call = what, ?limit, "call did not finish in time");
@@ -128,7 +129,7 @@ where
                 format!(
                     "{what} did not finish within {limit:?}: a hardware call is hanging (the card gets a CALL_HANG fault)"
                 ),
-                "DeadlineExceeded",
+                Reason::DeadlineExceeded,
             ))
         }
     }
@@ -280,7 +281,7 @@ impl ResourceLayer for ResourceLayerService {
                     Err(status_with_reason(
                         Code::Aborted,
                         format!("the health stream fell {missed} events behind; subscribe again"),
-                        "HealthStreamLagged",
+                        Reason::HealthStreamLagged,
                     )),
                     None,
                 )),

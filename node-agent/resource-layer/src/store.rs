@@ -117,7 +117,7 @@ mod tests {
         let loaded = store.load("nvml", "n1").expect("load").expect("present");
         assert_eq!(loaded.instances, [record]);
         let err = store.load("nvml", "n2").expect_err("other node");
-        assert_eq!(err.reason(), "StateFile");
+        assert_eq!(err.reason().as_str(), "StateFile");
         assert!(err.to_string().contains("for node n1"), "{err}");
         std::fs::write(store.path(), "{").expect("corrupt");
         assert!(store.load("nvml", "n1").is_err());

@@ -42,7 +42,7 @@ fn tdm(key: &str, card: u32, core_percent: u32, memory_mib: u64) -> CreateReques
 }
 
 fn reason(result: Result<pb::CreateInstanceResponse, LayerError>) -> &'static str {
-    result.expect_err("the create must fail").reason()
+    result.expect_err("the create must fail").reason().as_str()
 }
 
 fn inject(b: &SimulatedBackend, card: u32, kind: pb::FaultKind, xid: u32) -> pb::DeviceFault {
@@ -119,7 +119,7 @@ fn illegal_starts_overlaps_and_unknown_profiles_are_refused() {
     let err = b
         .create_instance(mig("b", 7, "3g.40gb", 0))
         .expect_err("overlap");
-    assert_eq!(err.reason(), "InstanceOverlap");
+    assert_eq!(err.reason().as_str(), "InstanceOverlap");
     assert!(
         err.to_string()
             .contains("overlaps instance a (MIG 4g.40gb at 0)"),
@@ -165,7 +165,7 @@ fn mig_needs_mig_mode_and_a_mig_model_and_tdm_needs_its_absence() {
     let err = b
         .create_instance(mig("a", 0, "1g.10gb", 0))
         .expect_err("MIG off");
-    assert_eq!(err.reason(), "MigModeDisabled");
+    assert_eq!(err.reason().as_str(), "MigModeDisabled");
     assert!(err.to_string().contains("never changes"), "{err}");
     assert_eq!(
         reason(b.create_instance(tdm("t", 6, 50, 1024))),
@@ -252,7 +252,7 @@ fn same_key_twice_returns_the_same_instance_and_another_spec_conflicts() {
     let err = b
         .create_instance(mig("slice-1", 6, "1g.10gb", 5))
         .expect_err("other spec");
-    assert_eq!(err.reason(), "InstanceKeyConflict");
+    assert_eq!(err.reason().as_str(), "InstanceKeyConflict");
     assert_eq!(err.code(), tonic::Code::AlreadyExists);
     assert_eq!(
         reason(b.create_instance(mig("slice-1", 7, "1g.10gb", 6))),
@@ -342,7 +342,7 @@ fn instances_survive_a_restart_with_a_state_file() {
         ..options
     };
     let err = SimulatedBackend::from_profile("h800-8", other).expect_err("foreign state");
-    assert_eq!(err.reason(), "StateFile");
+    assert_eq!(err.reason().as_str(), "StateFile");
     // Without a state file a restart starts empty.
     let fresh = backend("h800-8");
     assert!(fresh.list_instances(&[]).expect("list").is_empty());
@@ -450,7 +450,7 @@ fn application_xids_warn_without_taking_the_card_out() {
             ..Default::default()
         })
         .expect_err("an XID needs a code");
-    assert_eq!(err.reason(), "InvalidArgument");
+    assert_eq!(err.reason().as_str(), "InvalidArgument");
     let err = b
         .inject(&pb::InjectFaultRequest {
             device_index: 0,
@@ -479,12 +479,12 @@ fn a_lost_card_is_listed_as_lost_and_refuses_work_until_cleared() {
     let err = b
         .create_instance(mig("n", 7, "1g.10gb", 1))
         .expect_err("lost");
-    assert_eq!(err.reason(), "DeviceLost");
+    assert_eq!(err.reason().as_str(), "DeviceLost");
     assert_eq!(err.code(), tonic::Code::Unavailable);
     let err = b
         .destroy_instance(DestroyTarget::Key("m".into()))
         .expect_err("lost");
-    assert_eq!(err.reason(), "DeviceLost");
+    assert_eq!(err.reason().as_str(), "DeviceLost");
     let metrics = b.device_metrics(&[], false).expect("metrics");
     assert_eq!(metrics.devices.len(), 7);
     assert_eq!(metrics.errors.len(), 1);
@@ -563,7 +563,7 @@ fn a_hang_gives_up_at_the_hang_limit() {
     inject(&b, 0, pb::FaultKind::CallHang, 0);
     let started = Instant::now();
     let err = b.list_instances(&[0]).expect_err("times out");
-    assert_eq!(err.reason(), "CallHang");
+    assert_eq!(err.reason().as_str(), "CallHang");
     assert!(started.elapsed() >= Duration::from_millis(150));
     assert!(started.elapsed() < Duration::from_secs(5));
     b.clear(0, None, None).expect("clear");

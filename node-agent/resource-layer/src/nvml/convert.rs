@@ -195,7 +195,9 @@ mod tests {
             }
         );
         assert_eq!(
-            call_error("x", 2, "GPU-2", NvmlError::Timeout).reason(),
+            call_error("x", 2, "GPU-2", NvmlError::Timeout)
+                .reason()
+                .as_str(),
             "CallHang"
         );
         assert_eq!(
@@ -203,17 +205,17 @@ mod tests {
             "nvmlDeviceGetMigMode is not supported on card 1"
         );
         let other = call_error("nvmlDeviceGetMemoryInfo", 1, "", NvmlError::Unknown);
-        assert_eq!(other.reason(), "NvmlError");
+        assert_eq!(other.reason().as_str(), "NvmlError");
         assert_eq!(
             other.to_string(),
             "nvmlDeviceGetMemoryInfo failed on card 1: an internal driver error occurred"
         );
         assert_eq!(
-            init_error(NvmlError::DriverNotLoaded).reason(),
+            init_error(NvmlError::DriverNotLoaded).reason().as_str(),
             "DriverNotLoaded"
         );
         assert_eq!(
-            init_error(NvmlError::LibraryNotFound).reason(),
+            init_error(NvmlError::LibraryNotFound).reason().as_str(),
             "NvmlNotFound"
         );
         assert!(
@@ -221,7 +223,10 @@ mod tests {
                 .to_string()
                 .starts_with("NVML library not found: ")
         );
-        assert_eq!(init_error(NvmlError::Unknown).reason(), "NvmlError");
+        assert_eq!(
+            init_error(NvmlError::Unknown).reason().as_str(),
+            "NvmlError"
+        );
     }
 
     #[test]

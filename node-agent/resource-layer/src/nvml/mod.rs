@@ -338,7 +338,7 @@ mod tests {
             ..NvmlOptions::default()
         };
         let err = NvmlBackend::new(options).expect_err("no such library");
-        assert_eq!(err.reason(), "NvmlNotFound");
+        assert_eq!(err.reason().as_str(), "NvmlNotFound");
         let text = err.to_string();
         assert!(text.starts_with("NVML library not found: "), "{text}");
         assert!(text.contains("/nonexistent/libnvidia-ml.so.1"), "{text}");
@@ -351,7 +351,7 @@ mod tests {
         match NvmlBackend::new(NvmlOptions::default()) {
             Ok(backend) => assert_eq!(backend.info().backend(), pb::BackendKind::Nvml),
             Err(err) => assert!(
-                matches!(err.reason(), "NvmlNotFound" | "DriverNotLoaded"),
+                matches!(err.reason().as_str(), "NvmlNotFound" | "DriverNotLoaded"),
                 "{err}"
             ),
         }
