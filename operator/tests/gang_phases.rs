@@ -52,6 +52,14 @@ fn done(step: Step) -> Pass {
     }
 }
 
+/// A pass over `gang`'s four pending members that finds no room for them.
+fn placed_nowhere(gang: &GangGroup, now: Timestamp) -> Pass {
+    match next::next(gang, members(4, 0, 0), None, now) {
+        Step::Place(status) => unplaceable(gang, status, members(4, 0, 0), "no room".into(), now),
+        Step::Done(pass) => unreachable!("pending members are placed on every pass: {pass:?}"),
+    }
+}
+
 fn ran(status: &GangGroupStatus) -> Option<&str> {
     status
         .conditions
@@ -225,30 +233,11 @@ fn the_timeout_rolls_back_and_backs_off_doubling() {
 
     // The next attempt starts after it, and its own timeout backs off twice as long.
     assert!(!backing_off(&waiting, restart));
-    let Step::Place(second) = next::next(&waiting, members(4, 0, 0), None, restart) else {
-        panic!("the second attempt places the gang again");
-    };
-    assert_eq!(second.phase, Some(GangPhase::Waiting));
-    assert_eq!(second.attempt_start_time, Some(Time(restart)));
-    let second = unplaceable(
-        &waiting,
-        second,
-        members(4, 0, 0),
-        "no room".into(),
-        restart,
-    );
+    let second = placed_nowhere(&waiting, restart);
+    assert_eq!(second.phase, GangPhase::Waiting);
+    assert_eq!(second.status.attempt_start_time, Some(Time(restart)));
     let past = restart + SignedDuration::from_secs(i64::from(TIMEOUT) + 1);
-    let still_waiting = gang(Some(second.status));
-    let Step::Place(third) = next::next(&still_waiting, members(4, 0, 0), None, past) else {
-        panic!("pending members are placed again on every pass");
-    };
-    let timed_out = unplaceable(
-        &still_waiting,
-        third,
-        members(4, 0, 0),
-        "no room".into(),
-        past,
-    );
+    let timed_out = placed_nowhere(&gang(Some(second.status)), past);
     assert_eq!(timed_out.actions.last(), Some(&Action::RollBack));
     assert_eq!(timed_out.status.attempts, 2);
     assert!(
