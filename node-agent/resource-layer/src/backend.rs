@@ -100,6 +100,30 @@ pub trait FaultInjector: Send + Sync {
     fn list(&self) -> Vec<pb::DeviceFault>;
 }
 
+/// Checks that card `index` is one of `count` and, when the caller names the UUID it expects,
+/// that the card has it (`uuid_of` reads the card's UUID).
+pub fn check_device(
+    index: u32,
+    count: u32,
+    expected: Option<&str>,
+    uuid_of: impl FnOnce() -> String,
+) -> Result<(), LayerError> {
+    if index >= count {
+        return Err(LayerError::NoSuchDevice { index, count });
+    }
+    if let Some(expected) = expected {
+        let actual = uuid_of();
+        if expected != actual {
+            return Err(LayerError::UuidMismatch {
+                index,
+                expected: expected.to_string(),
+                actual,
+            });
+        }
+    }
+    Ok(())
+}
+
 /// The cards a call is about: `requested`, or all `0..count` when it is empty; unknown
 /// indexes are an error.
 pub fn select_devices(requested: &[u32], count: u32) -> Result<Vec<u32>, LayerError> {
@@ -130,6 +154,25 @@ mod tests {
         assert_eq!(
             select_devices(&[3], 3),
             Err(LayerError::NoSuchDevice { index: 3, count: 3 })
+        );
+    }
+
+    #[test]
+    fn a_card_must_exist_and_have_the_expected_uuid() {
+        let uuid = || "GPU-1".to_string();
+        assert_eq!(check_device(1, 2, None, uuid), Ok(()));
+        assert_eq!(check_device(1, 2, Some("GPU-1"), uuid), Ok(()));
+        assert_eq!(
+            check_device(2, 2, Some("GPU-1"), uuid),
+            Err(LayerError::NoSuchDevice { index: 2, count: 2 })
+        );
+        assert_eq!(
+            check_device(1, 2, Some("GPU-9"), uuid),
+            Err(LayerError::UuidMismatch {
+                index: 1,
+                expected: "GPU-9".into(),
+                actual: "GPU-1".into(),
+            })
         );
     }
 

@@ -2,6 +2,7 @@
 //! travels in the `runtimekit-reason` metadata entry of the gRPC status.
 
 use crate::reason::Reason;
+use runtimekit_proto::resource::v1alpha1 as pb;
 use std::time::Duration;
 use thiserror::Error;
 use tonic::{Code, Status};
@@ -155,6 +156,18 @@ impl LayerError {
             Self::Unsupported(_) => Reason::Unsupported,
             Self::Profile(_) => Reason::InvalidProfile,
             Self::State { .. } => Reason::StateFile,
+        }
+    }
+}
+
+impl LayerError {
+    /// The error as card `index`'s entry in the `errors` of a metrics answer.
+    pub fn on_device(&self, index: u32, uuid: String) -> pb::DeviceError {
+        pb::DeviceError {
+            device_index: index,
+            device_uuid: uuid,
+            reason: self.reason().to_string(),
+            message: self.to_string(),
         }
     }
 }

@@ -71,6 +71,13 @@ impl InstanceRecord {
         })
     }
 
+    /// Whether the record is keyed and its key is among `keys` (any key when `keys` is empty).
+    pub fn keyed_among(&self, keys: &[String]) -> bool {
+        self.key
+            .as_ref()
+            .is_some_and(|k| keys.is_empty() || keys.contains(k))
+    }
+
     /// A short description for error messages.
     pub fn describe(&self) -> String {
         match &self.key {
@@ -79,9 +86,13 @@ impl InstanceRecord {
         }
     }
 
-    /// The instance on the wire. `mig_memory` gives the memory, compute slices and
-    /// multiprocessors of a MIG profile as the card reports them.
-    pub fn to_proto(&self, mig_profile: Option<&pb::MigProfileInfo>) -> pb::Instance {
+    /// The instance on the wire. `profiles` are the MIG profiles of its card as the card
+    /// reports them; the record's own gives its memory, compute slices and multiprocessors.
+    pub fn to_proto(&self, profiles: &[pb::MigProfileInfo]) -> pb::Instance {
+        let mig_profile = match &self.spec {
+            ShareSpec::Mig { profile, .. } => profiles.iter().find(|p| &p.name == profile),
+            ShareSpec::Tdm { .. } => None,
+        };
         let (kind, spec_kind) = match &self.spec {
             ShareSpec::Tdm {
                 core_percent,
@@ -521,7 +532,7 @@ mod tests {
         assert!(json.contains(r#""kind":"mig""#), "{json}");
         let back: InstanceRecord = serde_json::from_str(&json).expect("parse");
         assert_eq!(back, record);
-        let wire = record.to_proto(None);
+        let wire = record.to_proto(&[]);
         assert_eq!(wire.key, "a");
         assert_eq!(wire.kind(), pb::InstanceKind::Mig);
         assert_eq!(wire.mig.map(|m| m.gpu_instance_id), Some(1));

@@ -89,18 +89,33 @@ impl Store {
     }
 }
 
+/// Changes the records and saves them; a failed save puts the records back, so memory never
+/// holds what the state file does not. Nothing is saved when the change changed nothing.
+pub fn change_and_save(
+    records: &mut Vec<InstanceRecord>,
+    change: impl FnOnce(&mut Vec<InstanceRecord>),
+    save: impl FnOnce(&[InstanceRecord]) -> Result<(), LayerError>,
+) -> Result<(), LayerError> {
+    let before = records.clone();
+    change(records);
+    if *records == before {
+        return Ok(());
+    }
+    if let Err(error) = save(records) {
+        *records = before;
+        return Err(error);
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::instances::ShareSpec;
     use crate::util::testdir::TestDir;
 
-    #[test]
-    fn save_then_load_and_refuse_a_foreign_file() {
-        let dir = TestDir::new("store");
-        let store = Store::new(dir.path().join("sub/state.json"));
-        assert_eq!(store.load("nvml", "n1"), Ok(None));
-        let record = InstanceRecord {
+    fn tdm_record() -> InstanceRecord {
+        InstanceRecord {
             key: Some("a".into()),
             device_index: 0,
             device_uuid: "GPU-0".into(),
@@ -110,7 +125,15 @@ mod tests {
             },
             mig: None,
             created_unix_ms: 5,
-        };
+        }
+    }
+
+    #[test]
+    fn save_then_load_and_refuse_a_foreign_file() {
+        let dir = TestDir::new("store");
+        let store = Store::new(dir.path().join("sub/state.json"));
+        assert_eq!(store.load("nvml", "n1"), Ok(None));
+        let record = tdm_record();
         store
             .save("nvml", "n1", std::slice::from_ref(&record))
             .expect("save");
@@ -121,5 +144,22 @@ mod tests {
         assert!(err.to_string().contains("for node n1"), "{err}");
         std::fs::write(store.path(), "{").expect("corrupt");
         assert!(store.load("nvml", "n1").is_err());
+    }
+
+    #[test]
+    fn a_failed_save_puts_the_records_back_and_no_change_saves_nothing() {
+        let failing = |_: &[InstanceRecord]| Err(LayerError::Unsupported("no disk".into()));
+        let mut records = vec![tdm_record()];
+        let err = change_and_save(&mut records, Vec::clear, failing).expect_err("save fails");
+        assert_eq!(err, LayerError::Unsupported("no disk".into()));
+        assert_eq!(records, [tdm_record()]);
+        assert_eq!(change_and_save(&mut records, |_| {}, failing), Ok(()));
+        let mut saved = Vec::new();
+        change_and_save(&mut records, Vec::clear, |r| {
+            saved = r.to_vec();
+            Ok(())
+        })
+        .expect("saved");
+        assert!(records.is_empty() && saved.is_empty());
     }
 }

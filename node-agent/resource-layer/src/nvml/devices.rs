@@ -3,7 +3,6 @@
 
 use super::Shared;
 use super::convert::{call_error, mib};
-use super::keys::record_proto;
 use crate::backend::select_devices;
 use crate::error::LayerError;
 use runtimekit_contract::mig::table_for;
@@ -80,10 +79,7 @@ impl Shared {
             faults: self.hub.faults_of(index),
             mig: Some(mig),
             topology: Some(topology),
-            instances: instances
-                .iter()
-                .map(|r| record_proto(r, &profiles))
-                .collect(),
+            instances: instances.iter().map(|r| r.to_proto(&profiles)).collect(),
             ..Default::default()
         };
         device.set_vendor(pb::Vendor::Nvidia);

@@ -10,6 +10,7 @@ use super::raw;
 use crate::backend::{DestroyTarget, select_devices};
 use crate::error::LayerError;
 use crate::instances::{CreateRequest, InstanceRecord, Resolution, ShareSpec, resolve};
+use crate::store::change_and_save;
 use crate::util::lock;
 use nvml_wrapper::Device;
 use nvml_wrapper::error::NvmlError;
@@ -107,7 +108,7 @@ impl Shared {
                     .find(|r| r.key == all[i].key)
                     .unwrap_or(&all[i]);
                 Ok(pb::CreateInstanceResponse {
-                    instance: Some(record_proto(existing, &profiles)),
+                    instance: Some(existing.to_proto(&profiles)),
                     created: false,
                     adopted: false,
                 })
@@ -118,7 +119,7 @@ impl Shared {
                 self.remember(record.clone())?;
                 tracing::info!(key = %request.key, card = index, "adopted an unkeyed MIG instance");
                 Ok(pb::CreateInstanceResponse {
-                    instance: Some(record_proto(&record, &profiles)),
+                    instance: Some(record.to_proto(&profiles)),
                     created: false,
                     adopted: true,
                 })
@@ -169,7 +170,7 @@ impl Shared {
                 }
                 tracing::info!(key = %request.key, card = index, "created an instance");
                 Ok(pb::CreateInstanceResponse {
-                    instance: Some(record_proto(&record, &profiles)),
+                    instance: Some(record.to_proto(&profiles)),
                     created: true,
                     adopted: false,
                 })
@@ -179,27 +180,20 @@ impl Shared {
 
     /// Adds a keyed record to the ledger and saves it; a failed save undoes the addition.
     fn remember(&self, record: InstanceRecord) -> Result<(), LayerError> {
-        let mut ledger = lock(&self.ledger);
-        ledger.push(record);
-        if let Err(error) = self.persist(&ledger) {
-            ledger.pop();
-            return Err(error);
-        }
-        Ok(())
+        change_and_save(
+            &mut lock(&self.ledger),
+            |ledger| ledger.push(record),
+            |ledger| self.persist(ledger),
+        )
     }
 
     /// Removes the matching records from the ledger and saves it; a failed save undoes it.
     fn forget(&self, pred: impl Fn(&InstanceRecord) -> bool) -> Result<(), LayerError> {
-        let mut ledger = lock(&self.ledger);
-        let before = ledger.clone();
-        ledger.retain(|r| !pred(r));
-        if ledger.len() != before.len()
-            && let Err(error) = self.persist(&ledger)
-        {
-            *ledger = before;
-            return Err(error);
-        }
-        Ok(())
+        change_and_save(
+            &mut lock(&self.ledger),
+            |ledger| ledger.retain(|r| !pred(r)),
+            |ledger| self.persist(ledger),
+        )
     }
 
     /// Destroys an instance by key, or an unkeyed MIG instance by card and GPU-instance ID.
@@ -271,7 +265,7 @@ impl Shared {
         tracing::info!(card = index, "destroyed an instance");
         Ok(pb::DestroyInstanceResponse {
             existed: true,
-            instance: destroyed.map(|r| record_proto(&r, &[])),
+            instance: destroyed.map(|r| r.to_proto(&[])),
         })
     }
 
@@ -287,29 +281,17 @@ impl Shared {
             });
             match listed {
                 Ok((records, profiles)) => {
-                    out.extend(records.iter().map(|r| record_proto(r, &profiles)));
+                    out.extend(records.iter().map(|r| r.to_proto(&profiles)));
                 }
                 Err(LayerError::DeviceLost { .. }) => out.extend(
                     lock(&self.ledger)
                         .iter()
                         .filter(|r| r.device_uuid == uuid)
-                        .map(|r| record_proto(r, &[])),
+                        .map(|r| r.to_proto(&[])),
                 ),
                 Err(e) => return Err(e),
             }
         }
         Ok(out)
     }
-}
-
-/// The wire form of a record, with the figures of its MIG profile from `profiles`.
-pub(super) fn record_proto(
-    record: &InstanceRecord,
-    profiles: &[pb::MigProfileInfo],
-) -> pb::Instance {
-    let profile = match &record.spec {
-        ShareSpec::Mig { profile, .. } => profiles.iter().find(|p| &p.name == profile),
-        ShareSpec::Tdm { .. } => None,
-    };
-    record.to_proto(profile)
 }

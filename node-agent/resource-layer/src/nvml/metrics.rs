@@ -244,13 +244,13 @@ impl Shared {
         let mut response = pb::GetDeviceMetricsResponse::default();
         for index in selected {
             let uuid = self.uuid_of(index);
-            let read = self.watch.call(index, &uuid, || {
+            let read = self.watch.call(index, &uuid, || -> Result<_, LayerError> {
                 let dev = self.dev(index)?;
                 Ok(self.metrics(&dev, index, include_processes, gpm.remove(&index)))
             });
             match read {
                 Ok(metrics) => response.devices.push(metrics),
-                Err(error) => response.errors.push(self.device_error(index, &error)),
+                Err(error) => response.errors.push(error.on_device(index, uuid)),
             }
         }
         Ok(response)
@@ -264,11 +264,7 @@ impl Shared {
     ) -> Result<pb::GetInstanceMetricsResponse, LayerError> {
         let records: Vec<InstanceRecord> = lock(&self.ledger)
             .iter()
-            .filter(|r| {
-                r.key
-                    .as_ref()
-                    .is_some_and(|k| keys.is_empty() || keys.contains(k))
-            })
+            .filter(|r| r.keyed_among(keys))
             .cloned()
             .collect();
         let now = self.clock.now_ms();
@@ -296,7 +292,7 @@ impl Shared {
             );
             match read {
                 Ok(metrics) => response.instances.extend(metrics),
-                Err(error) => response.errors.push(self.device_error(index, &error)),
+                Err(error) => response.errors.push(error.on_device(index, uuid)),
             }
         }
         Ok(response)

@@ -33,7 +33,7 @@ mod mig;
 mod raw;
 mod topology;
 
-use crate::backend::{Backend, DestroyTarget};
+use crate::backend::{Backend, DestroyTarget, check_device};
 use crate::error::LayerError;
 use crate::faults;
 use crate::health::HealthHub;
@@ -236,33 +236,7 @@ impl Shared {
 
     /// Checks that the card exists and, when the caller names one, has the UUID it expects.
     fn check_device(&self, index: u32, uuid: Option<&str>) -> Result<(), LayerError> {
-        if index >= self.count {
-            return Err(LayerError::NoSuchDevice {
-                index,
-                count: self.count,
-            });
-        }
-        let actual = self.uuid_of(index);
-        if let Some(expected) = uuid
-            && expected != actual
-        {
-            return Err(LayerError::UuidMismatch {
-                index,
-                expected: expected.to_string(),
-                actual,
-            });
-        }
-        Ok(())
-    }
-
-    /// A card's entry in the `errors` of a metrics answer.
-    fn device_error(&self, index: u32, error: &LayerError) -> pb::DeviceError {
-        pb::DeviceError {
-            device_index: index,
-            device_uuid: self.uuid_of(index),
-            reason: error.reason().to_string(),
-            message: error.to_string(),
-        }
+        check_device(index, self.count, uuid, || self.uuid_of(index))
     }
 }
 

@@ -55,7 +55,7 @@ impl SimulatedBackend {
             .instances
             .iter()
             .filter(|r| r.device_index == index)
-            .map(|r| self.record_proto(r, &profiles))
+            .map(|r| r.to_proto(&profiles))
             .collect();
         let mig = match card.table {
             Some(table) => pb::MigState {

@@ -8,6 +8,13 @@ use crate::faults;
 use crate::util::{lock, stable_hash};
 use runtimekit_proto::resource::v1alpha1 as pb;
 
+/// An injected CALL_HANG: unlike one the hang watch raises, it lasts until it is cleared.
+fn injected_hang() -> faults::NewFault {
+    let mut hang = faults::call_hang(0);
+    hang.reason = "calls on the card block until the fault is cleared (injected)".into();
+    hang
+}
+
 impl FaultInjector for SimulatedBackend {
     fn inject(&self, request: &pb::InjectFaultRequest) -> Result<pb::DeviceFault, LayerError> {
         let index = request.device_index;
@@ -41,9 +48,7 @@ impl FaultInjector for SimulatedBackend {
             }
             pb::FaultKind::CallHang => {
                 state.cards[index as usize].hang = true;
-                let mut hang = faults::call_hang(0);
-                hang.reason =
-                    "calls on the card block until the fault is cleared (injected)".into();
+                let hang = injected_hang();
                 return Ok(pb::DeviceFault {
                     device_index: index,
                     device_uuid: uuid,
@@ -169,10 +174,7 @@ impl FaultInjector for SimulatedBackend {
                 push(faults::gpu_lost());
             }
             if card.hang {
-                let mut hang = faults::call_hang(0);
-                hang.reason =
-                    "calls on the card block until the fault is cleared (injected)".into();
-                push(hang);
+                push(injected_hang());
             }
             for &(pid, mib) in &card.dead {
                 push(faults::dead_process_memory(pid, mib));

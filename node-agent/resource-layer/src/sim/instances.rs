@@ -10,6 +10,7 @@ use crate::instances::{
     CreateRequest, InstanceRecord, MigIds, Resolution, ShareSpec, check_mig_placement, resolve,
     table_profiles,
 };
+use crate::store::change_and_save;
 use crate::util::{derived_uuid, lock};
 use runtimekit_proto::resource::v1alpha1 as pb;
 use std::collections::BTreeSet;
@@ -39,13 +40,9 @@ impl SimulatedBackend {
     }
 
     /// Saves the instances to the state file, if there is one.
-    pub(super) fn persist(&self, state: &SimState) -> Result<(), LayerError> {
+    pub(super) fn persist(&self, instances: &[InstanceRecord]) -> Result<(), LayerError> {
         match &self.store {
-            Some(store) => store.save(
-                &self.backend_name(),
-                &self.options.node_name,
-                &state.instances,
-            ),
+            Some(store) => store.save(&self.backend_name(), &self.options.node_name, instances),
             None => Ok(()),
         }
     }
@@ -133,23 +130,10 @@ impl SimulatedBackend {
             .collect()
     }
 
-    /// The wire form of a record, with the figures of its MIG profile from `profiles`.
-    pub(super) fn record_proto(
-        &self,
-        record: &InstanceRecord,
-        profiles: &[pb::MigProfileInfo],
-    ) -> pb::Instance {
-        let profile = match &record.spec {
-            ShareSpec::Mig { profile, .. } => profiles.iter().find(|p| &p.name == profile),
-            ShareSpec::Tdm { .. } => None,
-        };
-        record.to_proto(profile)
-    }
-
     /// The wire form of a record, with its card's MIG profiles.
     fn instance_proto(&self, record: &InstanceRecord) -> pb::Instance {
         let profiles = self.mig_profiles(self.card(record.device_index));
-        self.record_proto(record, &profiles)
+        record.to_proto(&profiles)
     }
 
     /// The GPU-instance ID the next MIG instance on a card gets, as the driver hands them out.
@@ -171,13 +155,9 @@ impl SimulatedBackend {
         change: impl FnOnce(&mut Vec<InstanceRecord>),
     ) -> Result<(), LayerError> {
         self.advance(state, index, self.options.clock.now_ms());
-        let before = state.instances.clone();
-        change(&mut state.instances);
-        if let Err(error) = self.persist(state) {
-            state.instances = before;
-            return Err(error);
-        }
-        Ok(())
+        change_and_save(&mut state.instances, change, |instances| {
+            self.persist(instances)
+        })
     }
 
     /// Creates the instance of a request, returns the one its key already names, or adopts

@@ -26,7 +26,7 @@ pub mod metrics;
 pub mod profile;
 mod readings;
 
-use crate::backend::{Backend, DestroyTarget, FaultInjector};
+use crate::backend::{Backend, DestroyTarget, FaultInjector, check_device};
 use crate::error::LayerError;
 use crate::health::HealthHub;
 use crate::instances::{CreateRequest, InstanceRecord};
@@ -178,7 +178,7 @@ impl SimulatedBackend {
                 }
             }
             if fresh {
-                backend.persist(&state)?;
+                backend.persist(&state.instances)?;
             }
         }
         Ok(backend)
@@ -245,20 +245,9 @@ impl SimulatedBackend {
 
     /// Checks that the card exists and, when the caller names one, has the UUID it expects.
     fn check_device(&self, index: u32, uuid: Option<&str>) -> Result<(), LayerError> {
-        let count = self.count();
-        if index >= count {
-            return Err(LayerError::NoSuchDevice { index, count });
-        }
-        if let Some(expected) = uuid
-            && expected != self.uuids[index as usize]
-        {
-            return Err(LayerError::UuidMismatch {
-                index,
-                expected: expected.to_string(),
-                actual: self.uuids[index as usize].clone(),
-            });
-        }
-        Ok(())
+        check_device(index, self.count(), uuid, || {
+            self.uuids[index as usize].clone()
+        })
     }
 
     /// The error of a call on a lost card.
@@ -269,14 +258,10 @@ impl SimulatedBackend {
         }
     }
 
-    /// A card's entry in the `errors` of a metrics answer.
-    fn device_error(&self, index: u32, error: &LayerError) -> pb::DeviceError {
-        pb::DeviceError {
-            device_index: index,
-            device_uuid: self.uuids[index as usize].clone(),
-            reason: error.reason().to_string(),
-            message: error.to_string(),
-        }
+    /// A lost card's entry in the `errors` of a metrics answer.
+    fn lost_entry(&self, index: u32) -> pb::DeviceError {
+        self.lost_error(index)
+            .on_device(index, self.uuids[index as usize].clone())
     }
 }
 

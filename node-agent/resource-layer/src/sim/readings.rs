@@ -205,9 +205,7 @@ impl SimulatedBackend {
         let mut response = pb::GetDeviceMetricsResponse::default();
         for index in selected {
             if state.cards[index as usize].lost {
-                response
-                    .errors
-                    .push(self.device_error(index, &self.lost_error(index)));
+                response.errors.push(self.lost_entry(index));
             } else {
                 response
                     .devices
@@ -228,11 +226,7 @@ impl SimulatedBackend {
             let mut cards: Vec<u32> = state
                 .instances
                 .iter()
-                .filter(|r| {
-                    r.key
-                        .as_ref()
-                        .is_some_and(|k| keys.is_empty() || keys.contains(k))
-                })
+                .filter(|r| r.keyed_among(keys))
                 .map(|r| r.device_index)
                 .collect();
             cards.sort_unstable();
@@ -244,17 +238,14 @@ impl SimulatedBackend {
         let mut response = pb::GetInstanceMetricsResponse::default();
         for index in cards {
             if state.cards[index as usize].lost {
-                response
-                    .errors
-                    .push(self.device_error(index, &self.lost_error(index)));
+                response.errors.push(self.lost_entry(index));
                 continue;
             }
-            for record in state.instances.iter().filter(|r| {
-                r.device_index == index
-                    && r.key
-                        .as_ref()
-                        .is_some_and(|k| keys.is_empty() || keys.contains(k))
-            }) {
+            for record in state
+                .instances
+                .iter()
+                .filter(|r| r.device_index == index && r.keyed_among(keys))
+            {
                 response
                     .instances
                     .push(self.instance_metrics(record, index, now));
