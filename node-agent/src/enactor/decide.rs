@@ -11,6 +11,7 @@ use runtimekit_crds::{
     CONDITION_READY, GpuSliceStatus, MigInstanceRef, SliceMode, SlicePhase, set_condition,
 };
 use runtimekit_proto::resource::v1alpha1 as pb;
+use runtimekit_resource_layer::Reason;
 use std::collections::BTreeSet;
 
 /// Where a slice's pod stands, as far as this node is concerned.
@@ -224,21 +225,9 @@ pub fn mig_ref(instance: &pb::Instance) -> Option<MigInstanceRef> {
 }
 
 /// Whether a resource-layer error reason is permanent for this slice (retrying cannot help).
+/// A reason this version does not know is retried: the resource layer may be newer.
 pub fn permanent(reason: &str) -> bool {
-    matches!(
-        reason,
-        "NoSuchDevice"
-            | "DeviceUuidMismatch"
-            | "MigModeDisabled"
-            | "MigUnsupported"
-            | "MigModeEnabled"
-            | "SharingUnsupported"
-            | "UnknownMigProfile"
-            | "IllegalPlacement"
-            | "InstanceOverlap"
-            | "InstanceKeyConflict"
-            | "InvalidArgument"
-    )
+    reason.parse().is_ok_and(Reason::is_permanent)
 }
 
 /// An instance no slice claims.
