@@ -70,7 +70,7 @@ pub fn pcie_switch_name(bridges: &[String]) -> Option<String> {
     (bridges.len() >= 3).then(|| format!("pcie-{}", bridges[1]))
 }
 
-/// The peer links of one card, for [`peer_paths`].
+/// The peer links of one card, for [`peer_links`].
 #[derive(Debug, Clone, Default)]
 pub struct CardLinks {
     pub index: u32,

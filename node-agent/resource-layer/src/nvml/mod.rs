@@ -1,7 +1,7 @@
 //! The NVML backend: NVIDIA cards through nvml-wrapper, with `libnvidia-ml.so.1` loaded at run
 //! time (the binary has no link-time dependency on it and says plainly when it is missing).
 //!
-//! One file per concern, each adding methods to the backend's [`Shared`] state:
+//! One file per concern, each adding methods to the backend's `Shared` state:
 //!
 //! - Discovery (`devices`): index, UUID, name, memory, PCI, serial, MIG mode (current and
 //!   pending).
