@@ -11,8 +11,8 @@
 //!
 //! Decisions are pure functions tested without I/O: [`topology`] (TopologyGroup status),
 //! [`resources`] (what is advertised), [`enactor::decide`] (what to do with each slice),
-//! [`deviceplugin::allocation`] (which devices to suggest and give). [`testkit`] is a test
-//! kubelet that speaks the real protocols, for this crate's tests and the end-to-end tests.
+//! [`deviceplugin::allocation`] (which devices to suggest and give). The test kubelet its tests
+//! run against is the `runtimekit-test-kubelet` crate, a dev-dependency only.
 
 pub mod agent;
 pub mod cli;
@@ -24,6 +24,5 @@ pub mod model;
 pub mod podresources;
 pub mod reporter;
 pub mod resources;
-pub mod testkit;
 pub mod topology;
 pub mod util;

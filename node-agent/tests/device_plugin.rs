@@ -9,7 +9,6 @@ use runtimekit_node_agent::layer::{InventoryRefresher, watch_health};
 use runtimekit_node_agent::model::{NodeState, SliceInfo};
 use runtimekit_node_agent::podresources;
 use runtimekit_node_agent::resources::advertised;
-use runtimekit_node_agent::testkit::{KubeletView, PodRef, TestKubelet};
 use runtimekit_node_agent::util::AbortOnDrop;
 use runtimekit_proto::deviceplugin::v1beta1 as dp;
 use runtimekit_proto::deviceplugin::v1beta1::device_plugin_client::DevicePluginClient;
@@ -17,6 +16,7 @@ use runtimekit_proto::resource::v1alpha1 as pb;
 use runtimekit_resource_layer::{
     ServeOptions, ServerHandle, SimOptions, SimulatedBackend, fault_client, serve,
 };
+use runtimekit_test_kubelet::{KubeletView, PodRef, TestKubelet};
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

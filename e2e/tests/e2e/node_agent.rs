@@ -15,8 +15,8 @@ use runtimekit_crds::{
 };
 use runtimekit_e2e::harness::{Test, TestProcess, workspace_binary};
 use runtimekit_e2e::{FakeNode, TestContext, tests};
-use runtimekit_node_agent::testkit::TestKubelet;
 use runtimekit_proto::resource::v1alpha1 as pb;
+use runtimekit_test_kubelet::TestKubelet;
 use serde_json::json;
 use std::path::PathBuf;
 use std::time::Duration;
