@@ -136,21 +136,9 @@ impl FaultState {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
-
-    pub(crate) fn fault(kind: pb::FaultKind, xid: u32, severity: pb::Severity) -> pb::Fault {
-        pb::Fault {
-            kind: kind.into(),
-            severity: severity.into(),
-            reason: match kind {
-                pb::FaultKind::Xid => format!("XID {xid}"),
-                other => format!("{other:?}"),
-            },
-            xid,
-            ..Default::default()
-        }
-    }
+    use crate::fixtures::fault;
 
     fn event(card: u32, active: bool, fault: pb::Fault) -> pb::HealthEvent {
         pb::HealthEvent {

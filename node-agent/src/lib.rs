@@ -18,6 +18,8 @@ pub mod agent;
 pub mod cli;
 pub mod deviceplugin;
 pub mod enactor;
+#[cfg(test)]
+mod fixtures;
 pub mod health;
 pub mod layer;
 pub mod model;

@@ -260,9 +260,8 @@ pub fn summary(config: &RuntimeKitConfig, state: &NodeState) -> BTreeMap<String,
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::health::tests::fault;
+    use crate::fixtures::{fault, slice};
     use crate::model::{Inventory, WholeHolder};
-    use crate::topology::tests::slice;
     use runtimekit_crds::{SliceMode, SlicePhase};
 
     fn card(index: u32, vendor: pb::Vendor, memory_mib: u64, mig: bool) -> pb::Device {

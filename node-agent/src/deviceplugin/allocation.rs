@@ -308,8 +308,8 @@ pub fn pre_start(resource: &Advertised, ids: &[String], state: &NodeState) -> Re
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fixtures::{at, four_cards, slice};
     use crate::resources::advertised;
-    use crate::topology::tests::{at, four_cards, slice};
     use runtimekit_contract::RuntimeKitConfig;
 
     fn request(

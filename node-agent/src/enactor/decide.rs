@@ -342,8 +342,8 @@ pub fn slice_status(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fixtures::{at, four_cards, slice};
     use crate::model::WholeHolder;
-    use crate::topology::tests::{at, four_cards, slice};
 
     fn mig_slice(name: &str, start: u32, phase: Option<SlicePhase>) -> SliceInfo {
         let mut s = slice(name, 3, SliceMode::Mig, SlicePhase::Bound);
