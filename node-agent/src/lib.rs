@@ -26,5 +26,5 @@ pub mod model;
 pub mod podresources;
 pub mod reporter;
 pub mod resources;
+pub mod task;
 pub mod topology;
-pub mod util;

@@ -9,7 +9,7 @@ use runtimekit_node_agent::layer::{InventoryRefresher, watch_health};
 use runtimekit_node_agent::model::{NodeState, SliceInfo};
 use runtimekit_node_agent::podresources;
 use runtimekit_node_agent::resources::advertised;
-use runtimekit_node_agent::util::AbortOnDrop;
+use runtimekit_node_agent::task::AbortOnDrop;
 use runtimekit_proto::deviceplugin::v1beta1 as dp;
 use runtimekit_proto::deviceplugin::v1beta1::device_plugin_client::DevicePluginClient;
 use runtimekit_proto::resource::v1alpha1 as pb;

@@ -8,7 +8,7 @@ pub mod service;
 
 use crate::model::NodeState;
 use crate::resources::{Advertised, devices};
-use crate::util::AbortOnDrop;
+use crate::task::AbortOnDrop;
 use runtimekit_proto::deviceplugin::v1beta1 as dp;
 use runtimekit_proto::deviceplugin::v1beta1::device_plugin_server::DevicePluginServer;
 use runtimekit_proto::deviceplugin::v1beta1::registration_client::RegistrationClient;

@@ -14,7 +14,7 @@ pub mod decide;
 use crate::health::FaultState;
 use crate::layer::InventoryRefresher;
 use crate::model::{AwaitedSlice, Inventory, NodeState, SliceInfo, WholeHolder};
-use crate::util::AbortOnDrop;
+use crate::task::AbortOnDrop;
 use decide::{Decision, Orphan, PodBinding};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;

@@ -2,7 +2,7 @@
 //! plugins, the devices given to containers (its checkpoint) and the admitted pods.
 
 use crate::view::{KubeletView, PluginView, PodRef};
-use runtimekit_node_agent::util::AbortOnDrop;
+use runtimekit_node_agent::task::AbortOnDrop;
 use runtimekit_proto::deviceplugin::v1beta1::device_plugin_client::DevicePluginClient;
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};

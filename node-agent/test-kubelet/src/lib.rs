@@ -36,7 +36,7 @@ use books::Shared;
 use kube::Client;
 use pod_resources::PodResourcesService;
 use registration::RegistrationService;
-use runtimekit_node_agent::util::AbortOnDrop;
+use runtimekit_node_agent::task::AbortOnDrop;
 use runtimekit_proto::deviceplugin::v1beta1 as dp;
 use runtimekit_proto::deviceplugin::v1beta1::registration_server::RegistrationServer;
 use runtimekit_proto::podresources::v1::pod_resources_lister_server::PodResourcesListerServer;

@@ -3,7 +3,7 @@
 
 use crate::books::{Plugin, Shared};
 use crate::view::PluginView;
-use runtimekit_node_agent::util::AbortOnDrop;
+use runtimekit_node_agent::task::AbortOnDrop;
 use runtimekit_proto::deviceplugin::v1beta1 as dp;
 use runtimekit_proto::deviceplugin::v1beta1::device_plugin_client::DevicePluginClient;
 use runtimekit_proto::deviceplugin::v1beta1::registration_server::Registration;
