@@ -1,13 +1,13 @@
 //! The cluster state: nodes, devices, allocations and the indexes over them, updated
 //! incrementally; and applying decisions to it.
 
-use crate::index::{CardEntry, Entries, Indexes, WHOLE_SETS};
+use crate::index::{CardEntry, Entries, Indexes, WholeSet};
 use crate::intern::{Interner, Sym};
 use crate::mig_cache::MigCache;
 use crate::model::{CardInfo, Decision, NicInfo, NodeInfo, Resources, Settings, SliceInput};
-use crate::place::{self, key8, key64, tdm_row};
+use crate::place::{key8, key64, tdm_row};
 use crate::state::{
-    ANY, Amounts, CardUse, NVIDIA, NodeId, NodeState, PodRecord, PodSlot, SliceRec, Spec, Summary,
+    Amounts, CardUse, NodeId, NodeState, PodRecord, PodSlot, SliceRec, Spec, Summary, VendorFilter,
     build_devices, flag, summarize,
 };
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -569,7 +569,7 @@ impl Cluster {
         let scoring = self.settings.scoring;
         let node = &self.nodes[id as usize];
         let mut entries = Entries {
-            node: key8(scoring, s.free[ANY]),
+            node: key8(scoring, s.free[VendorFilter::Any.slot()]),
             cards: vec![CardEntry::None; node.cards.len()],
             ..Entries::default()
         };
@@ -594,10 +594,11 @@ impl Cluster {
                 };
             }
         }
-        for vf in [ANY, NVIDIA] {
-            for set in 0..WHOLE_SETS {
-                let value = set_value(s, vf, set as u8);
-                entries.whole[vf][set] = (value > 0).then(|| key8(scoring, value));
+        for filter in VendorFilter::ALL {
+            for set in WholeSet::ALL {
+                let value = set.value(s, filter);
+                entries.whole[filter.slot()][set.slot()] =
+                    (value > 0).then(|| key8(scoring, value));
             }
         }
         entries
@@ -671,14 +672,5 @@ impl Cluster {
         let id = self.check(decision, &mut BTreeMap::new())?;
         self.apply(decision, id);
         Ok(())
-    }
-}
-
-/// The value a node is indexed under in a whole-card set.
-pub(crate) fn set_value(s: &Summary, vf: usize, set: u8) -> u8 {
-    match set {
-        place::SET_FREE => s.free[vf],
-        place::SET_GROUP => s.group_max[vf],
-        t => s.rdma[vf][usize::from(t - place::SET_RDMA).min(3)],
     }
 }

@@ -1,8 +1,8 @@
 //! Single-pod decisions: predicates, card placement on each candidate node, the indexes that
 //! find the best node without a scan, and failure explanations.
 
-use crate::cluster::{Cluster, set_value};
-use crate::index::{NodeKey, TdmKey};
+use crate::cluster::Cluster;
+use crate::index::{NodeKey, TdmKey, WholeSet};
 use crate::intern::Sym;
 use crate::mig_cache::{MigCache, MigScore};
 use crate::model::{
@@ -11,7 +11,7 @@ use crate::model::{
 };
 use crate::place::{self, CardFail, Chosen, Rank, key8, key64};
 use crate::reason::{CardProblem, Reason, Unschedulable};
-use crate::state::{ANY, CardUse, NVIDIA, NodeId, NodeState, ShareBlock, Spec, Summary, flag};
+use crate::state::{CardUse, NodeId, NodeState, ShareBlock, Spec, Summary, VendorFilter, flag};
 use runtimekit_contract::config::NODE_ENABLE_LABEL;
 use runtimekit_contract::{CardRequest, WholeCardName};
 use std::collections::{BTreeMap, BTreeSet};
@@ -65,7 +65,7 @@ pub(crate) enum Fast {
     },
     Whole {
         cards: usize,
-        vf: usize,
+        vendor: VendorFilter,
         rdma: bool,
     },
 }
@@ -211,11 +211,7 @@ impl Cluster {
                 },
                 CardRequest::Whole { cards, name } => Fast::Whole {
                     cards: cards as usize,
-                    vf: if name == WholeCardName::Nvidia {
-                        NVIDIA
-                    } else {
-                        ANY
-                    },
+                    vendor: VendorFilter::of(name),
                     rdma: only.rdma,
                 },
                 CardRequest::Mig { .. } => Fast::Nodes,
@@ -437,7 +433,7 @@ impl Cluster {
                 free: 0,
                 room: [0; 8],
             },
-            node: key8(scoring, s.free[ANY]),
+            node: key8(scoring, s.free[VendorFilter::Any.slot()]),
             name: node.name.clone(),
             id,
             card: 0,
@@ -465,15 +461,12 @@ impl Cluster {
                     score.card = card;
                 }
                 Rank::Whole { tier, set } => {
-                    let vf = match only.cards {
-                        CardRequest::Whole {
-                            name: WholeCardName::Nvidia,
-                            ..
-                        } => NVIDIA,
-                        _ => ANY,
+                    let vendor = match only.cards {
+                        CardRequest::Whole { name, .. } => VendorFilter::of(name),
+                        _ => VendorFilter::Any,
                     };
                     score.major = tier;
-                    score.node = key8(scoring, set_value(s, vf, set));
+                    score.node = key8(scoring, set.value(s, vendor));
                 }
             }
             return Ok((score, vec![chosen]));
@@ -499,10 +492,10 @@ impl Cluster {
             return Some(Why::NoRdmaNic);
         }
         match prep.fast {
-            Fast::Whole { cards, vf, .. } if usize::from(s.free[vf]) < cards => {
+            Fast::Whole { cards, vendor, .. } if usize::from(s.free[vendor.slot()]) < cards => {
                 card(if s.cards == 0 {
                     CardFail::NoCards
-                } else if usize::from(s.capable[vf]) < cards {
+                } else if usize::from(s.capable[vendor.slot()]) < cards {
                     CardFail::WholeTooFew
                 } else {
                     CardFail::WholeBusy
@@ -607,7 +600,11 @@ impl Cluster {
                 } => self.fast_tdm(&prep, core, mem),
                 Fast::Tdm { core, mem, cards } => self.fast_tdm_replica(&prep, core, mem, cards),
                 Fast::Mig { slices, mem } => self.fast_mig(&prep, slices, mem),
-                Fast::Whole { cards, vf, rdma } => self.fast_whole(&prep, cards, vf, rdma),
+                Fast::Whole {
+                    cards,
+                    vendor,
+                    rdma,
+                } => self.fast_whole(&prep, cards, vendor, rdma),
                 Fast::Nodes => self.fast_nodes(&prep),
                 Fast::None => {
                     self.select(&mut prep);
@@ -766,12 +763,7 @@ impl Cluster {
             let n = c.cards.cards() as usize;
             match c.cards {
                 CardRequest::Whole { name, .. } => {
-                    let vf = if name == WholeCardName::Nvidia {
-                        NVIDIA
-                    } else {
-                        ANY
-                    };
-                    usize::from(s.free[vf]) >= n
+                    usize::from(s.free[VendorFilter::of(name).slot()]) >= n
                 }
                 CardRequest::Tdm {
                     core, memory_mib, ..
@@ -785,18 +777,19 @@ impl Cluster {
         })
     }
 
-    fn fast_whole(&self, prep: &Prepared, n: usize, vf: usize, rdma: bool) -> Option<NodeId> {
-        let sets: &[u8] = if rdma {
-            &[
-                place::SET_RDMA,
-                place::SET_RDMA + 1,
-                place::SET_RDMA + 2,
-                place::SET_RDMA + 3,
-            ]
+    fn fast_whole(
+        &self,
+        prep: &Prepared,
+        n: usize,
+        vendor: VendorFilter,
+        rdma: bool,
+    ) -> Option<NodeId> {
+        let sets: &[WholeSet] = if rdma {
+            &WholeSet::RDMA
         } else if matches!(n, 2 | 4 | 8) {
-            &[place::SET_GROUP, place::SET_FREE]
+            &[WholeSet::Group, WholeSet::Free]
         } else {
-            &[place::SET_FREE]
+            &[WholeSet::Free]
         };
         let n = u8::try_from(n).unwrap_or(u8::MAX);
         let (lo, hi) = match self.settings.scoring {
@@ -809,7 +802,7 @@ impl Cluster {
                 name: self.empty.clone(),
                 id: 0,
             };
-            let found = self.indexes.whole[vf][usize::from(set)]
+            let found = self.indexes.whole[vendor.slot()][set.slot()]
                 .range(from..)
                 .take_while(|k| k.value <= hi)
                 .find(|k| self.passes(prep, k.id));

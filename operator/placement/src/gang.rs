@@ -93,7 +93,9 @@ impl Cluster {
             return 0;
         }
         match prep.fast {
-            Fast::Whole { cards, vf, .. } if cards > 0 => usize::from(s.free[vf]) / cards,
+            Fast::Whole { cards, vendor, .. } if cards > 0 => {
+                usize::from(s.free[vendor.slot()]) / cards
+            }
             Fast::Tdm {
                 core,
                 mem,

@@ -11,7 +11,7 @@
 //! Every key ends with the node's name, so ties always break by name, whatever the order in
 //! which the cluster was built. Updates touch only the entries of the node that changed.
 
-use crate::state::NodeId;
+use crate::state::{NodeId, Summary, VendorFilter};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
@@ -50,8 +50,59 @@ pub(crate) enum CardEntry {
     Mig { model: &'static str, occupied: u8 },
 }
 
-/// Number of whole-card sets per vendor filter: free, group, four RDMA tiers.
-pub(crate) const WHOLE_SETS: usize = 6;
+/// The whole-card sets, each kept once per vendor filter, named by what a node is keyed by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WholeSet {
+    /// Free whole cards.
+    Free,
+    /// The most free cards in one interconnect group.
+    Group,
+    /// RDMA joint sets: the most free cards in one PCIe switch, NUMA node or socket with a
+    /// NIC, and on the node when it has a NIC (tiers 0 to 3).
+    RdmaSwitch,
+    RdmaNuma,
+    RdmaSocket,
+    RdmaNode,
+}
+
+impl WholeSet {
+    /// Every set, in slot order.
+    pub(crate) const ALL: [WholeSet; 6] = [
+        WholeSet::Free,
+        WholeSet::Group,
+        WholeSet::RdmaSwitch,
+        WholeSet::RdmaNuma,
+        WholeSet::RdmaSocket,
+        WholeSet::RdmaNode,
+    ];
+    /// The RDMA sets by tier, best first.
+    pub(crate) const RDMA: [WholeSet; 4] = [
+        WholeSet::RdmaSwitch,
+        WholeSet::RdmaNuma,
+        WholeSet::RdmaSocket,
+        WholeSet::RdmaNode,
+    ];
+    /// Number of sets per vendor filter.
+    pub(crate) const COUNT: usize = WholeSet::ALL.len();
+
+    /// The set's position in per-set arrays.
+    pub(crate) fn slot(self) -> usize {
+        self as usize
+    }
+
+    /// The value a node is indexed under in this set.
+    pub(crate) fn value(self, summary: &Summary, filter: VendorFilter) -> u8 {
+        let slot = filter.slot();
+        match self {
+            WholeSet::Free => summary.free[slot],
+            WholeSet::Group => summary.group_max[slot],
+            WholeSet::RdmaSwitch => summary.rdma[slot][0],
+            WholeSet::RdmaNuma => summary.rdma[slot][1],
+            WholeSet::RdmaSocket => summary.rdma[slot][2],
+            WholeSet::RdmaNode => summary.rdma[slot][3],
+        }
+    }
+}
 
 /// Where one node and its cards are indexed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,7 +111,7 @@ pub(crate) struct Entries {
     pub node: u8,
     pub eligible: bool,
     pub cards: Vec<CardEntry>,
-    pub whole: [[Option<u8>; WHOLE_SETS]; 2],
+    pub whole: [[Option<u8>; WholeSet::COUNT]; 2],
 }
 
 impl Default for Entries {
@@ -69,7 +120,7 @@ impl Default for Entries {
             node: 0,
             eligible: false,
             cards: Vec::new(),
-            whole: [[None; WHOLE_SETS]; 2],
+            whole: [[None; WholeSet::COUNT]; 2],
         }
     }
 }
@@ -120,8 +171,8 @@ impl Indexes {
             tdm_nonempty: 0,
             mig: BTreeMap::new(),
             whole: [
-                (0..WHOLE_SETS).map(|_| BTreeSet::new()).collect(),
-                (0..WHOLE_SETS).map(|_| BTreeSet::new()).collect(),
+                (0..WholeSet::COUNT).map(|_| BTreeSet::new()).collect(),
+                (0..WholeSet::COUNT).map(|_| BTreeSet::new()).collect(),
             ],
             nodes: BTreeSet::new(),
         }
@@ -154,13 +205,13 @@ impl Indexes {
             self.card_entry(id, name, old.node, card, before, false);
             self.card_entry(id, name, new.node, card, after, true);
         }
-        for vf in 0..2 {
-            for set in 0..WHOLE_SETS {
-                let (before, after) = (old.whole[vf][set], new.whole[vf][set]);
+        for filter in 0..VendorFilter::ALL.len() {
+            for set in 0..WholeSet::COUNT {
+                let (before, after) = (old.whole[filter][set], new.whole[filter][set]);
                 if before == after {
                     continue;
                 }
-                let target = &mut self.whole[vf][set];
+                let target = &mut self.whole[filter][set];
                 if let Some(value) = before {
                     target.remove(&NodeKey {
                         value,

@@ -3,6 +3,7 @@
 //! Everything here looks at a single node, with the card usage passed in, so the same code
 //! serves decisions, failure explanations and the scratch state of gang placement.
 
+use crate::index::WholeSet;
 use crate::intern::Sym;
 use crate::mig_cache::{MigCache, MigScore};
 use crate::model::{Locality, Scoring, Share, Vendor};
@@ -36,7 +37,7 @@ pub(crate) enum Rank {
     /// The score of the worst card chosen and its position.
     Mig { score: MigScore, card: u8 },
     /// The topology tier reached (0 best) and the whole-card index set that tier reads.
-    Whole { tier: u8, set: u8 },
+    Whole { tier: u8, set: WholeSet },
 }
 
 /// What one container gets on a node.
@@ -49,11 +50,6 @@ pub(crate) struct Chosen {
     pub locality: Option<Locality>,
     pub rank: Rank,
 }
-
-/// Whole-card index sets: free cards, the fullest interconnect group, then RDMA tiers.
-pub(crate) const SET_FREE: u8 = 0;
-pub(crate) const SET_GROUP: u8 = 1;
-pub(crate) const SET_RDMA: u8 = 2;
 
 /// Maps a value so that ascending order is best first under the scoring.
 pub(crate) fn key64(scoring: Scoring, v: u64) -> u64 {
@@ -359,7 +355,7 @@ fn place_whole(
                     nics,
                     Some(locality),
                     tier as u8,
-                    SET_RDMA + tier as u8,
+                    WholeSet::RDMA[tier],
                 ));
             }
         }
@@ -370,7 +366,7 @@ fn place_whole(
             nics,
             Some(Locality::CrossSocket),
             3,
-            SET_RDMA + 3,
+            WholeSet::RdmaNode,
         ));
     }
     let group_key = |c: &Card| Some(c.group.map_or(u64::MAX, u64::from));
@@ -388,7 +384,7 @@ fn place_whole(
             } else {
                 Some(Locality::InterconnectGroup)
             };
-            return Ok(whole(cards, Vec::new(), locality, 0, SET_GROUP));
+            return Ok(whole(cards, Vec::new(), locality, 0, WholeSet::Group));
         }
         let cards = fewest_units(node, &free, n, |c| c.group.map_or(u64::MAX, u64::from));
         return Ok(whole(
@@ -396,11 +392,11 @@ fn place_whole(
             Vec::new(),
             Some(Locality::AcrossGroups),
             1,
-            SET_FREE,
+            WholeSet::Free,
         ));
     }
     let (cards, nvlink) = best_set(node, &free, &free, n);
-    Ok(whole(cards, Vec::new(), nvlink, 0, SET_FREE))
+    Ok(whole(cards, Vec::new(), nvlink, 0, WholeSet::Free))
 }
 
 /// NVLink links from card `a` to card `b` (each link listed once by `a`).

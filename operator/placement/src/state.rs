@@ -4,6 +4,7 @@
 
 use crate::intern::{Interner, Sym};
 use crate::model::{CardInfo, NicInfo, Share, TaintEffect, Vendor};
+use runtimekit_contract::WholeCardName;
 use runtimekit_contract::mig::{MigTable, table_for};
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -371,9 +372,36 @@ pub(crate) mod flag {
     pub const ELIGIBLE: u8 = KNOWN | READY | GPU | AGENT;
 }
 
-/// Which whole-card requests a summary entry is for.
-pub(crate) const ANY: usize = 0;
-pub(crate) const NVIDIA: usize = 1;
+/// Which cards a whole-card request accepts; summaries and indexes keep one entry per filter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum VendorFilter {
+    /// Any vendor (`aliyun.com/gpu`).
+    Any,
+    /// NVIDIA cards only (`nvidia.com/gpu`).
+    Nvidia,
+}
+
+impl VendorFilter {
+    /// Every filter, in slot order.
+    pub(crate) const ALL: [VendorFilter; 2] = [VendorFilter::Any, VendorFilter::Nvidia];
+
+    /// The filter a whole-card request names.
+    pub(crate) fn of(name: WholeCardName) -> VendorFilter {
+        match name {
+            WholeCardName::Nvidia => VendorFilter::Nvidia,
+            WholeCardName::AnyVendor => VendorFilter::Any,
+        }
+    }
+
+    pub(crate) fn nvidia_only(self) -> bool {
+        self == VendorFilter::Nvidia
+    }
+
+    /// The filter's position in per-filter arrays.
+    pub(crate) fn slot(self) -> usize {
+        self as usize
+    }
+}
 
 /// Why no card of a node takes a share, when none does.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -504,8 +532,8 @@ pub(crate) fn summarize(node: &NodeState) -> Summary {
         }
     }
     s.tdm_block = block;
-    for vf in [ANY, NVIDIA] {
-        let nvidia_only = vf == NVIDIA;
+    for filter in VendorFilter::ALL {
+        let (slot, nvidia_only) = (filter.slot(), filter.nvidia_only());
         let free: Vec<&Card> = node
             .cards
             .iter()
@@ -513,21 +541,21 @@ pub(crate) fn summarize(node: &NodeState) -> Summary {
             .filter(|(c, u)| c.whole_free(u, nvidia_only))
             .map(|(c, _)| c)
             .collect();
-        s.free[vf] = count(free.len());
-        s.capable[vf] = count(
+        s.free[slot] = count(free.len());
+        s.capable[slot] = count(
             node.cards
                 .iter()
                 .filter(|c| c.whole_capable(nvidia_only))
                 .count(),
         );
         // Cards without a group form one group of their own.
-        s.group_max[vf] = max_bucket(free.iter().map(|c| c.group.map_or(u64::MAX, u64::from)));
+        s.group_max[slot] = max_bucket(free.iter().map(|c| c.group.map_or(u64::MAX, u64::from)));
         if !node.nics.is_empty() {
-            s.rdma[vf] = [
+            s.rdma[slot] = [
                 max_bucket(free.iter().filter_map(|c| rdma_unit(node, c, 0))),
                 max_bucket(free.iter().filter_map(|c| rdma_unit(node, c, 1))),
                 max_bucket(free.iter().filter_map(|c| rdma_unit(node, c, 2))),
-                s.free[vf],
+                s.free[slot],
             ];
         }
     }
