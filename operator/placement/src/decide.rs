@@ -11,7 +11,7 @@ use crate::model::{
 };
 use crate::place::{self, CardFail, Chosen, Rank, key8, key64};
 use crate::reason::{CardProblem, Reason, Unschedulable};
-use crate::state::{CardUse, NodeId, NodeState, ShareBlock, Spec, Summary, VendorFilter, flag};
+use crate::state::{CardUse, NodeId, NodeState, Spec, Summary, VendorFilter, flag};
 use runtimekit_contract::config::NODE_ENABLE_LABEL;
 use runtimekit_contract::{CardRequest, WholeCardName};
 use std::collections::{BTreeMap, BTreeSet};
@@ -493,21 +493,10 @@ impl Cluster {
         }
         match prep.fast {
             Fast::Whole { cards, vendor, .. } if usize::from(s.free[vendor.slot()]) < cards => {
-                card(if s.cards == 0 {
-                    CardFail::NoCards
-                } else if usize::from(s.capable[vendor.slot()]) < cards {
-                    CardFail::WholeTooFew
-                } else {
-                    CardFail::WholeBusy
-                })
+                let capable = usize::from(s.capable[vendor.slot()]);
+                card(CardFail::too_few_whole(s.cards > 0, capable, cards))
             }
-            Fast::Tdm { .. } if s.tdm_cards == 0 => card(match s.tdm_block {
-                ShareBlock::NoCards => CardFail::NoCards,
-                ShareBlock::Unhealthy => CardFail::OnlyUnhealthy,
-                ShareBlock::Amd => CardFail::OnlyAmd,
-                ShareBlock::MigMode => CardFail::OnlyMigMode,
-                ShareBlock::Whole => CardFail::AllWhole,
-            }),
+            Fast::Tdm { .. } if s.tdm_cards == 0 => card(CardFail::no_share(s.tdm_block)),
             Fast::Tdm { core, mem, cards }
                 if usize::from(s.tdm_cards) < cards
                     || s.tdm_max_core < core
@@ -515,13 +504,9 @@ impl Cluster {
             {
                 card(CardFail::TdmNoRoom)
             }
-            Fast::Mig { .. } if s.mig_cards == 0 => card(if s.healthy > 0 {
-                CardFail::MigNotEnabled
-            } else if s.cards == 0 {
-                CardFail::NoCards
-            } else {
-                CardFail::OnlyUnhealthy
-            }),
+            Fast::Mig { .. } if s.mig_cards == 0 => {
+                card(CardFail::no_mig_mode(s.healthy > 0, s.cards > 0))
+            }
             _ => None,
         }
     }

@@ -29,6 +29,41 @@ pub(crate) enum CardFail {
     MigNoRoom(&'static str),
 }
 
+impl CardFail {
+    /// Why no card takes a share, from what blocks the most telling card.
+    pub(crate) fn no_share(block: ShareBlock) -> CardFail {
+        match block {
+            ShareBlock::NoCards => CardFail::NoCards,
+            ShareBlock::Unhealthy => CardFail::OnlyUnhealthy,
+            ShareBlock::Amd => CardFail::OnlyAmd,
+            ShareBlock::MigMode => CardFail::OnlyMigMode,
+            ShareBlock::Whole => CardFail::AllWhole,
+        }
+    }
+
+    /// Why fewer than `wanted` cards are free to be given whole, of `capable` that could be.
+    pub(crate) fn too_few_whole(has_cards: bool, capable: usize, wanted: usize) -> CardFail {
+        if !has_cards {
+            CardFail::NoCards
+        } else if capable < wanted {
+            CardFail::WholeTooFew
+        } else {
+            CardFail::WholeBusy
+        }
+    }
+
+    /// Why no card takes MIG instances when none is healthy and in MIG mode.
+    pub(crate) fn no_mig_mode(any_healthy: bool, has_cards: bool) -> CardFail {
+        if any_healthy {
+            CardFail::MigNotEnabled
+        } else if !has_cards {
+            CardFail::NoCards
+        } else {
+            CardFail::OnlyUnhealthy
+        }
+    }
+}
+
 /// How good a container's choice is, for comparing nodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Rank {
@@ -133,7 +168,7 @@ fn place_tdm(
         return Err(if any_room {
             CardFail::TdmNoRoom
         } else {
-            share_fail(node)
+            CardFail::no_share(share_block(node))
         });
     }
     fits.sort_unstable();
@@ -155,18 +190,10 @@ fn place_tdm(
 }
 
 /// Why no card of a node takes a share at all.
-fn share_fail(node: &NodeState) -> CardFail {
-    let block = node
-        .cards
+fn share_block(node: &NodeState) -> ShareBlock {
+    node.cards
         .iter()
-        .fold(ShareBlock::NoCards, |b, c| b.max_with(ShareBlock::of(c)));
-    match block {
-        ShareBlock::NoCards => CardFail::NoCards,
-        ShareBlock::Unhealthy => CardFail::OnlyUnhealthy,
-        ShareBlock::Amd => CardFail::OnlyAmd,
-        ShareBlock::MigMode => CardFail::OnlyMigMode,
-        ShareBlock::Whole => CardFail::AllWhole,
-    }
+        .fold(ShareBlock::NoCards, |b, c| b.max_with(ShareBlock::of(c)))
 }
 
 fn place_mig(
@@ -214,12 +241,8 @@ fn place_mig(
             CardFail::MigProfile(table)
         } else if let Some(model) = no_table {
             CardFail::MigNoTable(model)
-        } else if any_healthy {
-            CardFail::MigNotEnabled
-        } else if node.cards.is_empty() {
-            CardFail::NoCards
         } else {
-            CardFail::OnlyUnhealthy
+            CardFail::no_mig_mode(any_healthy, !node.cards.is_empty())
         });
     }
     fits.sort_unstable_by_key(|f| (f.0, f.1));
@@ -318,13 +341,7 @@ fn place_whole(
             .iter()
             .filter(|c| c.whole_capable(nvidia_only))
             .count();
-        return Err(if node.cards.is_empty() {
-            CardFail::NoCards
-        } else if capable < n {
-            CardFail::WholeTooFew
-        } else {
-            CardFail::WholeBusy
-        });
+        return Err(CardFail::too_few_whole(!node.cards.is_empty(), capable, n));
     }
     let whole = |cards: Vec<u8>, nics, locality, tier, set| Chosen {
         cards: cards.into_iter().map(|p| (p, Share::Whole)).collect(),
