@@ -104,7 +104,12 @@ pub async fn run_with(
         Err(anyhow::Error::new(election.run(leading_tx).await).context("leadership lost"))
     });
 
-    tokio::pin!(shutdown);
+    // Leading starts once both hold: this replica has the Lease and every kind has been listed.
+    // Waiting for either is a state of this loop, so a shutdown, a dead task or a lost Lease
+    // ends the wait as it ends everything else (a missing CRD must not pin the Lease).
+    let first_sync = wait_for_first_sync(&shared);
+    tokio::pin!(shutdown, first_sync);
+    let (mut synced, mut leader, mut leading_started) = (false, false, false);
     loop {
         tokio::select! {
             () = &mut shutdown => break,
@@ -112,12 +117,19 @@ pub async fn run_with(
                 let result = ended.context("a task panicked").and_then(|r| r);
                 return result.context("a task of the operator ended");
             }
-            changed = leading.changed() => {
-                changed.context("election stopped")?;
-                if *leading.borrow() {
-                    start_leading(&mut tasks, &client, &shared, &config, &options).await;
+            // A closed channel means the election task ended: this arm then stays quiet, and
+            // the task's own error (why leadership was lost) comes from the join_next arm.
+            Ok(()) = leading.changed() => {
+                leader = *leading.borrow();
+                if leader && !synced {
+                    tracing::info!("leading: waiting for every watched kind to be listed");
                 }
             }
+            () = &mut first_sync, if !synced => synced = true,
+        }
+        if leader && synced && !leading_started {
+            leading_started = true;
+            start_leading(&mut tasks, &client, &shared, &config, &options);
         }
     }
     // Stop deciding, let the writes already started finish (a pod bound without its slices
@@ -166,18 +178,28 @@ fn spawn_watchers(tasks: &mut JoinSet<Result<()>>, client: &Client, shared: &Arc
     });
 }
 
-/// Starts the scheduler and controllers once every kind has been listed, so the first decision
-/// sees every existing allocation.
-async fn start_leading(
+/// Completes once every watched kind has been listed. The watchers wake the shared
+/// subscription after each complete list, and the subscription is taken before the first
+/// look, so no list is missed.
+async fn wait_for_first_sync(shared: &Shared) {
+    let mut changes = shared.subscribe();
+    while !shared.all_synced() {
+        if changes.changed().await.is_err() {
+            // `shared` owns the sender, so this cannot happen while it is borrowed.
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// Starts the scheduler and controllers; called once every kind has been listed, so the first
+/// decision sees every existing allocation.
+fn start_leading(
     tasks: &mut JoinSet<Result<()>>,
     client: &Client,
     shared: &Arc<Shared>,
     config: &RuntimeKitConfig,
     options: &RunOptions,
 ) {
-    while !shared.all_synced() {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
     tracing::info!("leading: state rebuilt from the API; scheduling");
     let reports = Reports::new(client.clone(), &config.scheduler_name, &options.identity);
     let (s, c, r) = (Arc::clone(shared), client.clone(), reports.clone());
