@@ -28,6 +28,8 @@ const READY_TIMEOUT: Duration = Duration::from_secs(120);
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 /// The field manager of everything the harness applies.
 const FIELD_MANAGER: &str = "runtimekit-e2e";
+/// The annotation kwok manages nodes by: the cluster starts kwok with it, and fake nodes carry it.
+pub const KWOK_ANNOTATION: &str = "kwok.x-k8s.io/node";
 
 /// What to start.
 #[derive(Debug, Clone)]
@@ -284,7 +286,7 @@ impl Cluster {
                 "--manage-all-nodes=false".into(),
                 format!(
                     "--manage-nodes-with-annotation-selector={}=fake",
-                    crate::harness::KWOK_ANNOTATION
+                    KWOK_ANNOTATION
                 ),
                 format!("--server-address=127.0.0.1:{}", ports.kwok),
                 "--node-lease-duration-seconds=40".into(),

@@ -1,0 +1,89 @@
+//! What a test does with the shared control plane: restart its kube-apiserver, and connect as
+//! another user (a client certificate from the cluster's PKI, or a bearer token).
+
+use super::context::TestContext;
+use crate::cluster::Cluster;
+use anyhow::{Context, Result};
+use kube::Client;
+use std::path::PathBuf;
+use std::time::Duration;
+
+impl TestContext {
+    /// Runs `f` on the running control plane.
+    fn with_cluster<T>(&self, f: impl FnOnce(&mut Cluster) -> Result<T>) -> Result<T> {
+        let mut cluster = self
+            .cluster
+            .lock()
+            .map_err(|_| anyhow::anyhow!("cluster poisoned"))?;
+        f(cluster.as_mut().context("the control plane is stopped")?)
+    }
+
+    /// Stops the kube-apiserver for `down_for`, starts it again and waits until it is ready.
+    pub async fn restart_apiserver(&self, down_for: Duration) -> Result<()> {
+        let stopped = self.with_cluster(|cluster| cluster.stop_component("kube-apiserver"))?;
+        tokio::time::sleep(down_for).await;
+        self.with_cluster(|cluster| cluster.start_again(stopped))?;
+        self.wait_for(
+            "the kube-apiserver to be ready again",
+            Duration::from_secs(60),
+            || async {
+                let ready = self
+                    .client
+                    .request_text(http::Request::get("/readyz").body(Vec::new())?)
+                    .await;
+                Ok(ready.ok().filter(|body| body.contains("ok")).map(|_| ()))
+            },
+        )
+        .await
+    }
+
+    /// A kubeconfig file for `user` in `groups`, with a client certificate from the cluster's
+    /// PKI (the apiserver reads the user from the CN and the groups from O).
+    pub fn kubeconfig_for(&self, user: &str, groups: &[&str]) -> Result<PathBuf> {
+        let text = self.with_cluster(|cluster| {
+            let identity = cluster.pki.client(user, groups)?;
+            Ok(cluster.pki.kubeconfig(&cluster.server, user, &identity))
+        })?;
+        let file: String = user
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        let path = self.scratch_dir()?.join(format!("kubeconfig-{file}"));
+        std::fs::write(&path, text)?;
+        Ok(path)
+    }
+
+    /// A client that authenticates as `user` in `groups` with a client certificate.
+    pub async fn client_for(&self, user: &str, groups: &[&str]) -> Result<Client> {
+        let path = self.kubeconfig_for(user, groups)?;
+        client_from(kube::config::Kubeconfig::read_from(path)?).await
+    }
+
+    /// A client that authenticates with a bearer token (a ServiceAccount token).
+    pub async fn client_with_token(&self, token: &str) -> Result<Client> {
+        use base64::Engine;
+        let (server, ca) =
+            self.with_cluster(|cluster| Ok((cluster.server.clone(), cluster.pki.ca_pem.clone())))?;
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\nusers:\n- name: u\n  user:\n    token: {token}\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: u\ncurrent-context: c\n",
+            ca = base64::engine::general_purpose::STANDARD.encode(ca),
+        );
+        client_from(serde_yaml::from_str(&text)?).await
+    }
+}
+
+/// A client configured by `kubeconfig`.
+async fn client_from(kubeconfig: kube::config::Kubeconfig) -> Result<Client> {
+    let config = kube::Config::from_custom_kubeconfig(
+        kubeconfig,
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await?;
+    Ok(Client::try_from(config)?)
+}

@@ -1,0 +1,111 @@
+//! Fake GPU nodes: kwok-managed (or hung) Node objects with the labels, capacity and taints a
+//! test gives them, deleted when the test ends.
+
+use super::context::TestContext;
+use crate::cluster::KWOK_ANNOTATION;
+use anyhow::Result;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::PostParams;
+use std::collections::BTreeMap;
+
+/// A kwok-managed node to create.
+#[derive(Debug, Clone)]
+pub struct FakeNode {
+    name: String,
+    labels: BTreeMap<String, String>,
+    capacity: BTreeMap<String, String>,
+    taints: Vec<serde_json::Value>,
+    hung: bool,
+}
+
+impl FakeNode {
+    /// A node with 64 CPUs, 512 GiB and 110 pods, and no GPUs yet.
+    pub fn new(name: &str) -> FakeNode {
+        let capacity = [("cpu", "64"), ("memory", "512Gi"), ("pods", "110")]
+            .into_iter()
+            .map(|(k, v)| (k.into(), v.into()))
+            .collect();
+        FakeNode {
+            name: name.into(),
+            labels: BTreeMap::new(),
+            capacity,
+            taints: Vec::new(),
+            hung: false,
+        }
+    }
+
+    /// A node that reports Ready but whose kubelet never acts: kwok does not manage it, so pods
+    /// bound to it never start and pods deleted there stay Terminating.
+    pub fn hung(mut self) -> FakeNode {
+        self.hung = true;
+        self
+    }
+
+    /// Adds a label.
+    pub fn label(mut self, key: &str, value: &str) -> FakeNode {
+        self.labels.insert(key.into(), value.into());
+        self
+    }
+
+    /// Sets a capacity (and allocatable) entry, such as `nvidia.com/gpu: 8`.
+    pub fn capacity(mut self, resource: &str, quantity: &str) -> FakeNode {
+        self.capacity.insert(resource.into(), quantity.into());
+        self
+    }
+
+    /// Adds a taint.
+    pub fn taint(mut self, key: &str, value: &str, effect: &str) -> FakeNode {
+        self.taints
+            .push(serde_json::json!({"key": key, "value": value, "effect": effect}));
+        self
+    }
+
+    fn labels_with_defaults(&self, name: &str) -> BTreeMap<String, String> {
+        let mut labels = self.labels.clone();
+        labels
+            .entry("kubernetes.io/hostname".into())
+            .or_insert_with(|| name.into());
+        labels.entry("type".into()).or_insert_with(|| "kwok".into());
+        labels
+    }
+}
+
+impl TestContext {
+    /// Creates a kwok-managed (or [hung](FakeNode::hung)) node for this test; its name is
+    /// prefixed with the namespace and it is deleted when the test ends.
+    pub async fn fake_node(&self, node: FakeNode) -> Result<Node> {
+        let name = format!("{}-{}", self.namespace, node.name);
+        // A node may be created with its status; a hung node's Ready condition is never renewed,
+        // and no node-lifecycle controller runs here to notice.
+        let (annotations, conditions) = if node.hung {
+            (
+                serde_json::json!({}),
+                serde_json::json!([{"type": "Ready", "status": "True", "reason": "KubeletReady"}]),
+            )
+        } else {
+            (
+                serde_json::json!({KWOK_ANNOTATION: "fake"}),
+                serde_json::json!([]),
+            )
+        };
+        let node_object: Node = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": name,
+                "labels": node.labels_with_defaults(&name),
+                "annotations": annotations,
+            },
+            "spec": {"taints": node.taints},
+            "status": {"capacity": node.capacity, "allocatable": node.capacity, "conditions": conditions},
+        }))?;
+        self.nodes
+            .lock()
+            .map_err(|_| anyhow::anyhow!("node list poisoned"))?
+            .push(name.clone());
+        Ok(self
+            .cluster_api::<Node>()
+            .create(&PostParams::default(), &node_object)
+            .await?)
+    }
+}
