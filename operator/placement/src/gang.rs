@@ -5,7 +5,7 @@
 //! of every tier is a contiguous run and its capacity a difference of prefix sums.
 
 use crate::cluster::{Cluster, CommitError, Part};
-use crate::decide::{Fast, Prepared, Tally, Why};
+use crate::decide::{CardShape, PreparedPod, Rejection, Rejections};
 use crate::mig_cache::MigCache;
 use crate::model::{Decision, GangConstraint, GangDecision, PodInput, Tier};
 use crate::reason::{GangShortfall, GroupCapacity, Unschedulable};
@@ -53,12 +53,12 @@ impl Cluster {
     /// How many members of one shape fit on a node now, up to `limit`; reports why when none.
     fn capacity(
         &self,
-        prep: &Prepared,
+        prep: &PreparedPod,
         id: NodeId,
         limit: usize,
-        why: &mut impl FnMut(Why),
+        reject: &mut impl FnMut(Rejection),
     ) -> usize {
-        if !self.filter(prep, id, why) {
+        if !self.passes_predicates(prep, id, reject) {
             return 0;
         }
         let s = &self.summaries[id as usize];
@@ -75,38 +75,38 @@ impl Cluster {
         for (name, &want) in &r.scalar {
             cap = cap.min(per(self.scalar_free(id, name), want));
         }
-        if prep.gpu {
+        if prep.wants_cards {
             cap = cap.min(self.card_capacity(prep, id, s, cap));
         }
         if cap == 0
-            && let Err(w) = self.place_pod(prep, id, &node.uses)
+            && let Err(rejection) = self.place_pod(prep, id, &node.uses)
         {
-            why(w);
+            reject(rejection);
         }
         cap
     }
 
     /// How many members fit on a node's cards, up to `limit`.
-    fn card_capacity(&self, prep: &Prepared, id: NodeId, s: &Summary, limit: usize) -> usize {
+    fn card_capacity(&self, prep: &PreparedPod, id: NodeId, s: &Summary, limit: usize) -> usize {
         let node = &self.nodes[id as usize];
-        if prep.rdma && node.nics.is_empty() {
+        if prep.wants_rdma && node.nics.is_empty() {
             return 0;
         }
-        match prep.fast {
-            Fast::Whole { cards, vendor, .. } if cards > 0 => {
+        match prep.shape {
+            CardShape::Whole { cards, vendor, .. } if cards > 0 => {
                 usize::from(s.free[vendor.slot()]) / cards
             }
-            Fast::Tdm {
+            CardShape::Tdm {
                 core,
-                mem,
+                memory_mib,
                 cards: 1,
             } => {
                 let mut total = 0usize;
-                for (card, u) in node.cards.iter().zip(&node.uses) {
-                    if let Some((fc, fm)) = card.tdm_room(u) {
-                        let by_core = fc.checked_div(core).map_or(limit, usize::from);
-                        let by_mem = fm
-                            .checked_div(mem)
+                for (card, card_use) in node.cards.iter().zip(&node.uses) {
+                    if let Some((free_core, free_memory)) = card.tdm_room(card_use) {
+                        let by_core = free_core.checked_div(core).map_or(limit, usize::from);
+                        let by_mem = free_memory
+                            .checked_div(memory_mib)
                             .map_or(limit, |n| usize::try_from(n).unwrap_or(usize::MAX));
                         total = total.saturating_add(by_core.min(by_mem));
                         if total >= limit {
@@ -116,13 +116,13 @@ impl Cluster {
                 }
                 total
             }
-            Fast::Mig { slices, mem } => {
+            CardShape::Mig { slices, memory_mib } => {
                 let mut total = 0usize;
-                for (card, u) in node.cards.iter().zip(&node.uses) {
-                    let Some((table, mut occupied)) = card.mig_room(u) else {
+                for (card, card_use) in node.cards.iter().zip(&node.uses) {
+                    let Some((table, mut occupied)) = card.mig_room(card_use) else {
                         continue;
                     };
-                    let Ok((at, profile)) = MigCache::pick(table, slices, mem) else {
+                    let Ok((at, profile)) = MigCache::pick(table, slices, memory_mib) else {
                         continue;
                     };
                     while total < limit
@@ -155,7 +155,7 @@ impl Cluster {
     }
 
     /// Whether one more member's resources fit on a node beside those already placed.
-    fn resources_fit(&self, prep: &Prepared, id: NodeId, scratch: &Scratch) -> bool {
+    fn resources_fit(&self, prep: &PreparedPod, id: NodeId, scratch: &Scratch) -> bool {
         let s = &self.summaries[id as usize];
         let r = &prep.pod.resources;
         r.cpu_milli.saturating_add(scratch.cpu) <= s.cpu_free
@@ -219,7 +219,7 @@ impl Cluster {
         members: &[PodInput],
         constraint: &GangConstraint,
     ) -> Result<GangDecision, Unschedulable> {
-        let mut preps: Vec<Prepared> = members.iter().map(|m| self.prepare(m)).collect();
+        let mut preps: Vec<PreparedPod> = members.iter().map(|m| self.prepare(m)).collect();
         let mut shapes: Vec<usize> = Vec::new();
         let mut shape_of: Vec<usize> = Vec::with_capacity(members.len());
         let mut demand: Vec<usize> = Vec::new();
@@ -245,18 +245,15 @@ impl Cluster {
                 members: Vec::new(),
             });
         };
-        if let Some(p) = preps.iter().find(|p| !p.pod.unsupported.is_empty()) {
-            let tally = (0..p.pod.unsupported.len())
-                .map(|i| (Why::Unsupported(i), self.known))
-                .collect();
-            return Err(self.unschedulable(p, Tally(tally)));
+        for prep in &preps {
+            self.refuse_unsupported(prep)?;
         }
         for &rep in &shapes {
-            self.select(&mut preps[rep]);
+            self.mark_selected_nodes(&mut preps[rep]);
         }
         let keys: Vec<&crate::cluster::TopoKey> = self.topo.iter().collect();
         let order: Vec<NodeId> = keys.iter().map(|k| k.id).collect();
-        let mut tally = Tally::default();
+        let mut rejections = Rejections::default();
         let caps: Vec<Vec<usize>> = shapes
             .iter()
             .enumerate()
@@ -265,7 +262,9 @@ impl Cluster {
                     .iter()
                     .map(|&id| {
                         if j == 0 {
-                            self.capacity(&preps[rep], id, demand[j], &mut |w| tally.add(w))
+                            self.capacity(&preps[rep], id, demand[j], &mut |rejection| {
+                                rejections.add(rejection)
+                            })
                         } else {
                             self.capacity(&preps[rep], id, demand[j], &mut |_| {})
                         }
@@ -334,15 +333,15 @@ impl Cluster {
                 group: g.name.to_string(),
                 members: h,
             });
-        Err(self.unschedulable_with(
+        Err(self.gang_unschedulable(
             &preps[first],
-            tally,
-            Some(GangShortfall {
+            rejections,
+            GangShortfall {
                 gang: constraint.name.clone(),
                 members: members.len(),
                 highest_tier: constraint.highest_tier,
                 largest,
-            }),
+            },
         ))
     }
 
@@ -398,7 +397,7 @@ impl Cluster {
     fn assign(
         &self,
         members: &[PodInput],
-        preps: &[Prepared],
+        preps: &[PreparedPod],
         shape_of: &[usize],
         caps: &[Vec<usize>],
         order: &[NodeId],

@@ -86,11 +86,13 @@ impl WholeSet {
     pub(crate) const COUNT: usize = WholeSet::ALL.len();
 
     /// The set's position in per-set arrays.
+    #[inline]
     pub(crate) fn slot(self) -> usize {
         self as usize
     }
 
     /// The value a node is indexed under in this set.
+    #[inline]
     pub(crate) fn value(self, summary: &Summary, filter: VendorFilter) -> u8 {
         let slot = filter.slot();
         match self {

@@ -73,6 +73,12 @@
 //!   taints) do not change scores here.
 //! - Determinism: decisions depend only on the state and the input, never on the order in
 //!   which the state was built or on hash order; every tie breaks by name, then index.
+//!
+//! # Layout
+//!
+//! `cluster` keeps the state (`state` per node, `index` the ordered indexes over it); `decide/`
+//! decides one pod (`prepare`, `predicates`, `lookup`, `score`, `explain`); `place` chooses cards
+//! on one node; `gang` places gangs; `reason` words failures; `convert` reads the API objects.
 
 mod cluster;
 mod convert;

@@ -31,6 +31,7 @@ pub(crate) enum CardFail {
 
 impl CardFail {
     /// Why no card takes a share, from what blocks the most telling card.
+    #[inline]
     pub(crate) fn no_share(block: ShareBlock) -> CardFail {
         match block {
             ShareBlock::NoCards => CardFail::NoCards,
@@ -42,6 +43,7 @@ impl CardFail {
     }
 
     /// Why fewer than `wanted` cards are free to be given whole, of `capable` that could be.
+    #[inline]
     pub(crate) fn too_few_whole(has_cards: bool, capable: usize, wanted: usize) -> CardFail {
         if !has_cards {
             CardFail::NoCards
@@ -53,6 +55,7 @@ impl CardFail {
     }
 
     /// Why no card takes MIG instances when none is healthy and in MIG mode.
+    #[inline]
     pub(crate) fn no_mig_mode(any_healthy: bool, has_cards: bool) -> CardFail {
         if any_healthy {
             CardFail::MigNotEnabled

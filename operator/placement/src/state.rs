@@ -148,6 +148,18 @@ impl NodeState {
             && !self.agent
     }
 
+    /// Free amount of a scalar resource: allocatable less what its pods request.
+    #[inline]
+    pub(crate) fn scalar_free(&self, resource: Sym) -> u64 {
+        match &self.spec {
+            Some(spec) => spec
+                .allocatable
+                .scalar(resource)
+                .saturating_sub(self.requested.scalar(resource)),
+            None => 0,
+        }
+    }
+
     /// The position of the card a slice names: by UUID when it has one, else by index.
     pub(crate) fn card_of(&self, index: u32, uuid: &str) -> Option<usize> {
         if uuid.is_empty() {
@@ -386,6 +398,7 @@ impl VendorFilter {
     pub(crate) const ALL: [VendorFilter; 2] = [VendorFilter::Any, VendorFilter::Nvidia];
 
     /// The filter a whole-card request names.
+    #[inline]
     pub(crate) fn of(name: WholeCardName) -> VendorFilter {
         match name {
             WholeCardName::Nvidia => VendorFilter::Nvidia,
@@ -393,11 +406,13 @@ impl VendorFilter {
         }
     }
 
+    #[inline]
     pub(crate) fn nvidia_only(self) -> bool {
         self == VendorFilter::Nvidia
     }
 
     /// The filter's position in per-filter arrays.
+    #[inline]
     pub(crate) fn slot(self) -> usize {
         self as usize
     }

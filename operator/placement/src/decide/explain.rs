@@ -1,7 +1,7 @@
 //! Explanations: the cheap per-node causes of failure counted while nodes are tried, and the
 //! public [`Unschedulable`] they become once, naming the resource and the card state.
 
-use super::prepare::Prepared;
+use super::prepare::PreparedPod;
 use crate::cluster::Cluster;
 use crate::intern::Sym;
 use crate::mig_cache::MigCache;
@@ -10,114 +10,162 @@ use crate::reason::{CardProblem, GangShortfall, Reason, Unschedulable};
 use runtimekit_contract::config::NODE_ENABLE_LABEL;
 use runtimekit_contract::{CardRequest, WholeCardName};
 
-/// One node-level cause of failure, cheap to count; turned into a [`Reason`] once.
+/// Why one node refused a pod, cheap to count; turned into a [`Reason`] once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Why {
+pub(crate) enum Rejection {
     NotReady,
-    Unschedulable,
-    Taint(Sym, Sym),
-    Affinity,
+    Cordoned,
+    UntoleratedTaint {
+        key: Sym,
+        value: Sym,
+    },
+    NodeAffinity,
     NotEnabled,
-    Agent,
-    Cpu,
-    Memory,
-    Pods,
-    Scalar(usize),
+    AgentNotReporting,
+    InsufficientCpu,
+    InsufficientMemory,
+    TooManyPods,
+    /// `resource`: the position in the pod's scalar resources.
+    InsufficientScalar {
+        resource: usize,
+    },
     NoRdmaNic,
-    Card(usize, CardFail),
-    Unsupported(usize),
+    /// `container`: the position in the pod's containers that ask for cards.
+    Cards {
+        container: usize,
+        fail: CardFail,
+    },
+    /// `constraint`: the position in the pod's unsupported constraints.
+    Unsupported {
+        constraint: usize,
+    },
 }
 
-/// Failure causes and how many nodes each applied to.
+/// Rejections and how many nodes each applied to, in the order first seen.
 #[derive(Debug, Default)]
-pub(crate) struct Tally(pub Vec<(Why, usize)>);
+pub(crate) struct Rejections(Vec<(Rejection, usize)>);
 
-impl Tally {
-    pub(crate) fn add(&mut self, why: Why) {
-        match self.0.iter_mut().find(|(w, _)| *w == why) {
-            Some((_, n)) => *n += 1,
-            None => self.0.push((why, 1)),
-        }
+impl Rejections {
+    pub(crate) fn add(&mut self, rejection: Rejection) {
+        add_count(&mut self.0, rejection, 1);
+    }
+}
+
+/// Adds `n` to the count of `item`, appending it when new.
+fn add_count<T: PartialEq>(counts: &mut Vec<(T, usize)>, item: T, n: usize) {
+    match counts.iter_mut().find(|(seen, _)| *seen == item) {
+        Some((_, count)) => *count += n,
+        None => counts.push((item, n)),
     }
 }
 
 impl Cluster {
-    /// Turns counted causes into the public aggregate.
-    pub(crate) fn unschedulable(&self, prep: &Prepared, tally: Tally) -> Unschedulable {
-        self.unschedulable_with(prep, tally, None)
+    /// Turns counted rejections into the public aggregate.
+    pub(crate) fn unschedulable(
+        &self,
+        prep: &PreparedPod,
+        rejections: Rejections,
+    ) -> Unschedulable {
+        self.aggregate(prep, rejections, None)
     }
 
-    pub(crate) fn unschedulable_with(
+    /// Turns counted rejections of a gang's first member, and why the gang as a whole does not
+    /// fit, into the public aggregate.
+    pub(crate) fn gang_unschedulable(
         &self,
-        prep: &Prepared,
-        tally: Tally,
+        prep: &PreparedPod,
+        rejections: Rejections,
+        shortfall: GangShortfall,
+    ) -> Unschedulable {
+        self.aggregate(prep, rejections, Some(shortfall))
+    }
+
+    /// Refuses a pod that uses constraints the engine does not evaluate, as if every node
+    /// rejected it for each of them.
+    pub(crate) fn refuse_unsupported(&self, prep: &PreparedPod) -> Result<(), Unschedulable> {
+        if prep.pod.unsupported.is_empty() {
+            return Ok(());
+        }
+        let every_node = (0..prep.pod.unsupported.len())
+            .map(|constraint| (Rejection::Unsupported { constraint }, self.known))
+            .collect();
+        Err(self.unschedulable(prep, Rejections(every_node)))
+    }
+
+    fn aggregate(
+        &self,
+        prep: &PreparedPod,
+        rejections: Rejections,
         gang: Option<GangShortfall>,
     ) -> Unschedulable {
+        // Distinct rejections can read the same (a constraint listed twice) and count as one.
         let mut merged: Vec<(Reason, usize)> = Vec::new();
-        for (why, n) in tally.0 {
-            let reason = self.reason(prep, why);
-            match merged.iter_mut().find(|(r, _)| *r == reason) {
-                Some((_, m)) => *m += n,
-                None => merged.push((reason, n)),
-            }
+        for (rejection, nodes) in rejections.0 {
+            add_count(&mut merged, self.reason_for(prep, rejection), nodes);
         }
         Unschedulable::new(self.known, merged, gang)
     }
 
-    fn reason(&self, prep: &Prepared, why: Why) -> Reason {
+    fn reason_for(&self, prep: &PreparedPod, rejection: Rejection) -> Reason {
         let names = &self.settings.names;
-        let text = |s: Sym| self.interner.text(s).to_string();
-        match why {
-            Why::NotReady => Reason::NotReady,
-            Why::Unschedulable => Reason::Unschedulable,
-            Why::Taint(k, v) => Reason::UntoleratedTaint {
-                key: text(k),
-                value: text(v),
+        let text = |symbol: Sym| self.interner.text(symbol).to_string();
+        match rejection {
+            Rejection::NotReady => Reason::NotReady,
+            Rejection::Cordoned => Reason::Unschedulable,
+            Rejection::UntoleratedTaint { key, value } => Reason::UntoleratedTaint {
+                key: text(key),
+                value: text(value),
             },
-            Why::Affinity => Reason::NodeAffinity,
-            Why::NotEnabled => Reason::NotEnabled {
+            Rejection::NodeAffinity => Reason::NodeAffinity,
+            Rejection::NotEnabled => Reason::NotEnabled {
                 label: NODE_ENABLE_LABEL.into(),
             },
-            Why::Agent => Reason::AgentNotReporting,
-            Why::Cpu => Reason::Insufficient {
+            Rejection::AgentNotReporting => Reason::AgentNotReporting,
+            Rejection::InsufficientCpu => Reason::Insufficient {
                 resource: "cpu".into(),
             },
-            Why::Memory => Reason::Insufficient {
+            Rejection::InsufficientMemory => Reason::Insufficient {
                 resource: "memory".into(),
             },
-            Why::Pods => Reason::TooManyPods,
-            Why::Scalar(i) => Reason::Insufficient {
+            Rejection::TooManyPods => Reason::TooManyPods,
+            Rejection::InsufficientScalar { resource } => Reason::Insufficient {
                 resource: prep
                     .pod
                     .resources
                     .scalar
                     .keys()
-                    .nth(i)
+                    .nth(resource)
                     .cloned()
                     .unwrap_or_default(),
             },
-            Why::Unsupported(i) => Reason::Unsupported {
-                constraint: prep.pod.unsupported.get(i).cloned().unwrap_or_default(),
+            Rejection::Unsupported { constraint } => Reason::Unsupported {
+                constraint: prep
+                    .pod
+                    .unsupported
+                    .get(constraint)
+                    .cloned()
+                    .unwrap_or_default(),
                 scheduler: self.settings.scheduler_name.clone(),
             },
-            Why::NoRdmaNic => Reason::NoRdmaNic {
+            Rejection::NoRdmaNic => Reason::NoRdmaNic {
                 resource: names.rdma.clone(),
             },
-            Why::Card(i, fail) => {
+            Rejection::Cards { container, fail } => {
                 let containers = &prep.pod.containers;
-                let request = containers.get(i).map(|c| &c.cards);
-                let container = (containers.len() > 1)
-                    .then(|| containers.get(i).map(|c| c.container.clone()))
+                let request = containers.get(container).map(|c| &c.cards);
+                // A single container goes unnamed.
+                let name = (containers.len() > 1)
+                    .then(|| containers.get(container).map(|c| c.container.clone()))
                     .flatten();
                 Reason::Cards {
-                    container,
-                    problem: self.problem(request, fail),
+                    container: name,
+                    problem: self.card_problem(request, fail),
                 }
             }
         }
     }
 
-    fn problem(&self, request: Option<&CardRequest>, fail: CardFail) -> CardProblem {
+    fn card_problem(&self, request: Option<&CardRequest>, fail: CardFail) -> CardProblem {
         let names = &self.settings.names;
         let share_resource = match request {
             Some(CardRequest::Tdm { core: None, .. }) => names.gpu_memory.clone(),

@@ -1,6 +1,6 @@
-//! Single-pod decisions. [`Cluster::decide`] prepares the pod ([`prepare`]), finds a node
-//! through the indexes ([`lookup`]) or a scan of candidates ([`score`]) that pass the
-//! [`predicates`], and on failure counts why each node refused it ([`explain`]).
+//! Single-pod decisions. [`Cluster::decide`] resolves the pod ([`prepare`]), finds a node
+//! through the indexes or a scan ([`lookup`]) among nodes that pass the [`predicates`], each
+//! placed and scored ([`score`]), and when none fits counts why each node refused ([`explain`]).
 
 mod explain;
 mod lookup;
@@ -8,8 +8,8 @@ mod predicates;
 mod prepare;
 mod score;
 
-pub(crate) use explain::{Tally, Why};
-pub(crate) use prepare::{Fast, Prepared};
+pub(crate) use explain::{Rejection, Rejections};
+pub(crate) use prepare::{CardShape, PreparedPod};
 
 use crate::cluster::Cluster;
 use crate::model::{CardPlacement, ContainerPlacement, Decision, PodInput};
@@ -21,54 +21,30 @@ impl Cluster {
     /// Decides where one pod goes, without changing anything.
     pub fn decide(&self, pod: &PodInput) -> Result<Decision, Unschedulable> {
         let mut prep = self.prepare(pod);
-        if !pod.unsupported.is_empty() {
-            let tally = (0..pod.unsupported.len())
-                .map(|i| (Why::Unsupported(i), self.known))
-                .collect();
-            return Err(self.unschedulable(&prep, Tally(tally)));
-        }
-        let found = match self.narrowed(&prep) {
-            Some(ids) => self.scan(&prep, ids.into_iter(), &mut |_| {}),
-            None => match prep.fast {
-                Fast::Tdm {
-                    core,
-                    mem,
-                    cards: 1,
-                } => self.fast_tdm(&prep, core, mem),
-                Fast::Tdm { core, mem, cards } => self.fast_tdm_replica(&prep, core, mem, cards),
-                Fast::Mig { slices, mem } => self.fast_mig(&prep, slices, mem),
-                Fast::Whole {
-                    cards,
-                    vendor,
-                    rdma,
-                } => self.fast_whole(&prep, cards, vendor, rdma),
-                Fast::Nodes => self.fast_nodes(&prep),
-                Fast::None => {
-                    self.select(&mut prep);
-                    self.scan(&prep, self.known_ids(), &mut |_| {})
-                }
-            },
-        };
-        let id = match found {
+        self.refuse_unsupported(&prep)?;
+        let id = match self.find_node(&mut prep) {
             Some(id) => id,
             None => {
-                self.select(&mut prep);
-                let mut tally = Tally::default();
-                let found = self.scan(&prep, self.known_ids(), &mut |w| tally.add(w));
+                // No node fits: every node is scanned to say why each refused.
+                self.mark_selected_nodes(&mut prep);
+                let mut rejections = Rejections::default();
+                let found = self.scan(&prep, self.known_node_ids(), &mut |rejection| {
+                    rejections.add(rejection)
+                });
                 debug_assert!(found.is_none(), "an index missed a node that fits");
                 match found {
                     Some(id) => id,
-                    None => return Err(self.unschedulable(&prep, tally)),
+                    None => return Err(self.unschedulable(&prep, rejections)),
                 }
             }
         };
         let uses = &self.nodes[id as usize].uses;
         match self.place_pod(&prep, id, uses) {
             Ok((_, chosen)) => Ok(self.decision(pod, id, &chosen)),
-            Err(why) => {
-                let mut tally = Tally::default();
-                tally.add(why);
-                Err(self.unschedulable(&prep, tally))
+            Err(rejection) => {
+                let mut rejections = Rejections::default();
+                rejections.add(rejection);
+                Err(self.unschedulable(&prep, rejections))
             }
         }
     }
@@ -77,8 +53,8 @@ impl Cluster {
     #[cfg(test)]
     pub(crate) fn decide_by_scan(&self, pod: &PodInput) -> Option<Decision> {
         let mut prep = self.prepare(pod);
-        self.select(&mut prep);
-        let id = self.scan(&prep, self.known_ids(), &mut |_| {})?;
+        self.mark_selected_nodes(&mut prep);
+        let id = self.scan(&prep, self.known_node_ids(), &mut |_| {})?;
         let (_, chosen) = self
             .place_pod(&prep, id, &self.nodes[id as usize].uses)
             .ok()?;
@@ -92,14 +68,14 @@ impl Cluster {
             .containers
             .iter()
             .zip(chosen)
-            .map(|(c, ch)| ContainerPlacement {
-                container: c.container.clone(),
-                cards: ch
+            .map(|(container, chosen)| ContainerPlacement {
+                container: container.container.clone(),
+                cards: chosen
                     .cards
                     .iter()
                     .enumerate()
-                    .map(|(replica, (p, share))| {
-                        let card = &node.cards[usize::from(*p)];
+                    .map(|(replica, (position, share))| {
+                        let card = &node.cards[usize::from(*position)];
                         CardPlacement {
                             index: card.index,
                             uuid: card.uuid.to_string(),
@@ -108,12 +84,12 @@ impl Cluster {
                         }
                     })
                     .collect(),
-                nics: ch
+                nics: chosen
                     .nics
                     .iter()
-                    .map(|&n| node.nics[usize::from(n)].name.to_string())
+                    .map(|&nic| node.nics[usize::from(nic)].name.to_string())
                     .collect(),
-                locality: ch.locality,
+                locality: chosen.locality,
             })
             .collect();
         Decision {

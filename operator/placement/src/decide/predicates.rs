@@ -2,8 +2,10 @@
 //! affinity, this project's gates, resource fit), and what a node's summary alone says about
 //! its cards.
 
-use super::explain::Why;
-use super::prepare::{Fast, Prepared, Req, Subject, Tol};
+use super::explain::Rejection;
+use super::prepare::{
+    CardShape, PreparedPod, RequirementSubject, ResolvedRequirement, ResolvedToleration,
+};
 use crate::cluster::Cluster;
 use crate::intern::Sym;
 use crate::model::{SelectorOperator, TaintEffect};
@@ -14,134 +16,158 @@ use runtimekit_contract::CardRequest;
 impl Cluster {
     /// The standard predicates, kube-scheduler's order: readiness, cordon, taints, selector and
     /// affinity, then this project's node gates, then resource fit. Reports each failure.
-    pub(crate) fn filter(&self, prep: &Prepared, id: NodeId, why: &mut impl FnMut(Why)) -> bool {
-        let s = &self.summaries[id as usize];
-        if !s.has(flag::KNOWN) {
+    pub(crate) fn passes_predicates(
+        &self,
+        prep: &PreparedPod,
+        id: NodeId,
+        reject: &mut impl FnMut(Rejection),
+    ) -> bool {
+        let summary = &self.summaries[id as usize];
+        if !summary.has(flag::KNOWN) {
             return false;
         }
-        if !s.has(flag::READY) {
-            why(Why::NotReady);
+        if !summary.has(flag::READY) {
+            reject(Rejection::NotReady);
             return false;
         }
-        if s.has(flag::CORDONED) && !prep.tolerates_cordon {
-            why(Why::Unschedulable);
+        if summary.has(flag::CORDONED) && !prep.tolerates_cordon {
+            reject(Rejection::Cordoned);
             return false;
         }
         // The node itself is read only for what its summary cannot answer.
         let node = &self.nodes[id as usize];
-        if s.has(flag::TAINTED)
+        if summary.has(flag::TAINTED)
             && let Some(spec) = &node.spec
-            && let Some(&(k, v, _)) = spec.taints.iter().find(|(k, v, e)| {
-                *e != TaintEffect::PreferNoSchedule
-                    && !prep.tolerations.iter().any(|t| tolerates(t, *k, *v, *e))
+            && let Some(&(key, value, _)) = spec.taints.iter().find(|&&(key, value, effect)| {
+                effect != TaintEffect::PreferNoSchedule
+                    && !prep
+                        .tolerations
+                        .iter()
+                        .any(|t| tolerates(t, key, value, effect))
             })
         {
-            why(Why::Taint(k, v));
+            reject(Rejection::UntoleratedTaint { key, value });
             return false;
         }
-        if !self.matches(prep, id, node) {
-            why(Why::Affinity);
+        if !self.matches_selector_and_affinity(prep, id, node) {
+            reject(Rejection::NodeAffinity);
             return false;
         }
-        if prep.gpu {
-            if !s.has(flag::GPU) {
-                why(Why::NotEnabled);
+        if prep.wants_cards {
+            if !summary.has(flag::GPU) {
+                reject(Rejection::NotEnabled);
                 return false;
             }
-            if !s.has(flag::AGENT) {
-                why(Why::Agent);
+            if !summary.has(flag::AGENT) {
+                reject(Rejection::AgentNotReporting);
                 return false;
             }
         }
+        // Every resource that does not fit is reported, as kube-scheduler does.
         let mut fits = true;
-        if prep.cpu > s.cpu_free {
-            why(Why::Cpu);
+        if prep.cpu_milli > summary.cpu_free {
+            reject(Rejection::InsufficientCpu);
             fits = false;
         }
-        if prep.mem > s.mem_free {
-            why(Why::Memory);
+        if prep.memory_bytes > summary.mem_free {
+            reject(Rejection::InsufficientMemory);
             fits = false;
         }
-        if s.pods_free == 0 {
-            why(Why::Pods);
+        if summary.pods_free == 0 {
+            reject(Rejection::TooManyPods);
             fits = false;
         }
-        for (i, &(sym, want)) in prep.scalars.iter().enumerate() {
-            let free = match (sym, &node.spec) {
-                (Some(sym), Some(spec)) => spec
-                    .allocatable
-                    .scalar(sym)
-                    .saturating_sub(node.requested.scalar(sym)),
-                _ => 0,
-            };
+        for (resource, &(symbol, want)) in prep.scalars.iter().enumerate() {
+            let free = symbol.map_or(0, |symbol| node.scalar_free(symbol));
             if want > free {
-                why(Why::Scalar(i));
+                reject(Rejection::InsufficientScalar { resource });
                 fits = false;
             }
         }
         fits
     }
 
-    fn matches(&self, prep: &Prepared, id: NodeId, node: &NodeState) -> bool {
-        if prep.selector_impossible {
+    fn matches_selector_and_affinity(
+        &self,
+        prep: &PreparedPod,
+        id: NodeId,
+        node: &NodeState,
+    ) -> bool {
+        if prep.selector_matches_nothing {
             return false;
         }
-        if let Some(bits) = &prep.selected {
+        if let Some(bits) = &prep.selected_nodes {
             let id = id as usize;
-            if bits.get(id / 64).is_none_or(|w| w & (1 << (id % 64)) == 0) {
+            if bits
+                .get(id / 64)
+                .is_none_or(|word| word & (1 << (id % 64)) == 0)
+            {
                 return false;
             }
-        } else if let Some(pairs) = &prep.selector {
+        } else if let Some(pairs) = &prep.node_selector {
             let Some(spec) = &node.spec else {
                 return false;
             };
-            if !pairs.iter().all(|&(k, v)| spec.label(k) == Some(v)) {
+            if !pairs
+                .iter()
+                .all(|&(key, value)| spec.label(key) == Some(value))
+            {
                 return false;
             }
         }
-        let Some(terms) = &prep.affinity else {
+        let Some(terms) = &prep.required_affinity else {
             return true;
         };
         let Some(spec) = &node.spec else {
             return false;
         };
-        terms
-            .iter()
-            .any(|term| !term.is_empty() && term.iter().all(|r| self.requirement(r, node, spec)))
+        terms.iter().any(|term| {
+            !term.is_empty()
+                && term
+                    .iter()
+                    .all(|requirement| self.requirement_holds(requirement, node, spec))
+        })
     }
 
-    fn requirement(&self, r: &Req, node: &NodeState, spec: &Spec) -> bool {
-        let key = match r.subject {
-            Subject::Label(key) => key,
-            Subject::Name => {
-                let named = r.raw.iter().any(|v| **v == *node.name);
-                return match r.op {
+    fn requirement_holds(
+        &self,
+        requirement: &ResolvedRequirement,
+        node: &NodeState,
+        spec: &Spec,
+    ) -> bool {
+        let key = match requirement.subject {
+            RequirementSubject::Label(key) => key,
+            RequirementSubject::Name => {
+                let named = requirement.raw_values.iter().any(|v| **v == *node.name);
+                return match requirement.operator {
                     SelectorOperator::In => named,
                     SelectorOperator::NotIn => !named,
                     _ => false,
                 };
             }
-            Subject::OtherField => return false,
+            RequirementSubject::OtherField => return false,
         };
-        let value = key.and_then(|k| spec.label(k));
-        match r.op {
-            SelectorOperator::In => value.is_some_and(|v| r.values.contains(&Some(v))),
-            SelectorOperator::NotIn => value.is_none_or(|v| !r.values.contains(&Some(v))),
+        let value = key.and_then(|key| spec.label(key));
+        let listed = |value: Sym| requirement.values.contains(&Some(value));
+        match requirement.operator {
+            SelectorOperator::In => value.is_some_and(listed),
+            SelectorOperator::NotIn => value.is_none_or(|value| !listed(value)),
             SelectorOperator::Exists => value.is_some(),
             SelectorOperator::DoesNotExist => value.is_none(),
             SelectorOperator::Gt | SelectorOperator::Lt => {
-                let (Some(v), [bound]) = (value, r.raw) else {
+                let (Some(value), [bound]) = (value, requirement.raw_values) else {
                     return false;
                 };
-                let (Ok(v), Ok(bound)) =
-                    (self.interner.text(v).parse::<i64>(), bound.parse::<i64>())
-                else {
+                let (Ok(value), Ok(bound)) = (
+                    self.interner.text(value).parse::<i64>(),
+                    bound.parse::<i64>(),
+                ) else {
                     return false;
                 };
-                if r.op == SelectorOperator::Gt {
-                    v > bound
+                if requirement.operator == SelectorOperator::Gt {
+                    value > bound
                 } else {
-                    v < bound
+                    value < bound
                 }
             }
         }
@@ -149,70 +175,81 @@ impl Cluster {
 
     /// Free amount of a scalar resource on a node.
     pub(crate) fn scalar_free(&self, id: NodeId, name: &str) -> u64 {
-        let node = &self.nodes[id as usize];
-        match (self.interner.get(name), &node.spec) {
-            (Some(sym), Some(spec)) => spec
-                .allocatable
-                .scalar(sym)
-                .saturating_sub(node.requested.scalar(sym)),
-            _ => 0,
-        }
+        self.interner
+            .get(name)
+            .map_or(0, |symbol| self.nodes[id as usize].scalar_free(symbol))
     }
 
-    pub(super) fn passes(&self, prep: &Prepared, id: NodeId) -> bool {
-        self.filter(prep, id, &mut |_| {}) && (!prep.rdma || self.summaries[id as usize].nics > 0)
+    /// Whether a node found in an index passes the predicates and has a NIC when asked for.
+    pub(super) fn is_candidate(&self, prep: &PreparedPod, id: NodeId) -> bool {
+        self.passes_predicates(prep, id, &mut |_| {})
+            && (!prep.wants_rdma || self.summaries[id as usize].nics > 0)
     }
 
     /// A failure known from the summary alone, for the shapes with an index.
-    pub(super) fn quick_fail(&self, prep: &Prepared, s: &Summary) -> Option<Why> {
-        let card = |f| Some(Why::Card(0, f));
-        if prep.rdma && s.nics == 0 {
-            return Some(Why::NoRdmaNic);
+    pub(super) fn summary_rejection(
+        &self,
+        prep: &PreparedPod,
+        summary: &Summary,
+    ) -> Option<Rejection> {
+        let cards = |fail| Some(Rejection::Cards { container: 0, fail });
+        if prep.wants_rdma && summary.nics == 0 {
+            return Some(Rejection::NoRdmaNic);
         }
-        match prep.fast {
-            Fast::Whole { cards, vendor, .. } if usize::from(s.free[vendor.slot()]) < cards => {
-                let capable = usize::from(s.capable[vendor.slot()]);
-                card(CardFail::too_few_whole(s.cards > 0, capable, cards))
+        match prep.shape {
+            CardShape::Whole {
+                cards: wanted,
+                vendor,
+                ..
+            } if usize::from(summary.free[vendor.slot()]) < wanted => {
+                let capable = usize::from(summary.capable[vendor.slot()]);
+                cards(CardFail::too_few_whole(summary.cards > 0, capable, wanted))
             }
-            Fast::Tdm { .. } if s.tdm_cards == 0 => card(CardFail::no_share(s.tdm_block)),
-            Fast::Tdm { core, mem, cards }
-                if usize::from(s.tdm_cards) < cards
-                    || s.tdm_max_core < core
-                    || s.tdm_max_mem < mem =>
+            CardShape::Tdm { .. } if summary.tdm_cards == 0 => {
+                cards(CardFail::no_share(summary.tdm_block))
+            }
+            CardShape::Tdm {
+                core,
+                memory_mib,
+                cards: wanted,
+            } if usize::from(summary.tdm_cards) < wanted
+                || summary.tdm_max_core < core
+                || summary.tdm_max_mem < memory_mib =>
             {
-                card(CardFail::TdmNoRoom)
+                cards(CardFail::TdmNoRoom)
             }
-            Fast::Mig { .. } if s.mig_cards == 0 => {
-                card(CardFail::no_mig_mode(s.healthy > 0, s.cards > 0))
-            }
+            CardShape::Mig { .. } if summary.mig_cards == 0 => cards(CardFail::no_mig_mode(
+                summary.healthy > 0,
+                summary.cards > 0,
+            )),
             _ => None,
         }
     }
 
     /// Whether a node's summary lets every container fit on its own, a cheap necessary
     /// condition before placing them together.
-    pub(super) fn summary_admits(&self, prep: &Prepared, s: &Summary) -> bool {
-        prep.pod.containers.iter().all(|c| {
-            let n = c.cards.cards() as usize;
-            match c.cards {
+    pub(super) fn summary_admits(&self, prep: &PreparedPod, summary: &Summary) -> bool {
+        prep.pod.containers.iter().all(|container| {
+            let wanted = container.cards.cards() as usize;
+            match container.cards {
                 CardRequest::Whole { name, .. } => {
-                    usize::from(s.free[VendorFilter::of(name).slot()]) >= n
+                    usize::from(summary.free[VendorFilter::of(name).slot()]) >= wanted
                 }
                 CardRequest::Tdm {
                     core, memory_mib, ..
                 } => {
-                    usize::from(s.tdm_cards) >= n
-                        && s.tdm_max_core >= core.unwrap_or(0)
-                        && s.tdm_max_mem >= memory_mib.unwrap_or(0)
+                    usize::from(summary.tdm_cards) >= wanted
+                        && summary.tdm_max_core >= core.unwrap_or(0)
+                        && summary.tdm_max_mem >= memory_mib.unwrap_or(0)
                 }
-                CardRequest::Mig { .. } => usize::from(s.mig_open) >= n,
+                CardRequest::Mig { .. } => usize::from(summary.mig_open) >= wanted,
             }
         })
     }
 }
 
-fn tolerates(t: &Tol, key: Sym, value: Sym, effect: TaintEffect) -> bool {
-    t.effect.is_none_or(|e| e == effect)
-        && t.key.is_none_or(|k| k == Some(key))
-        && t.value.is_none_or(|v| v == Some(value))
+fn tolerates(toleration: &ResolvedToleration, key: Sym, value: Sym, effect: TaintEffect) -> bool {
+    toleration.effect.is_none_or(|e| e == effect)
+        && toleration.key.is_none_or(|k| k == Some(key))
+        && toleration.value.is_none_or(|v| v == Some(value))
 }

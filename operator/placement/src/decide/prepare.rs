@@ -3,14 +3,17 @@
 
 use crate::cluster::Cluster;
 use crate::intern::Sym;
-use crate::model::{PodInput, SelectorOperator, TaintEffect, TolerationOperator};
+use crate::model::{PodInput, SelectorOperator, TaintEffect, Toleration, TolerationOperator};
 use crate::state::{NodeId, VendorFilter};
-use runtimekit_contract::CardRequest;
+use runtimekit_contract::{CardRequest, ContainerRequest};
 use std::collections::BTreeSet;
 
-/// A resolved toleration.
+/// The taint a cordoned node carries.
+const CORDON_TAINT: &str = "node.kubernetes.io/unschedulable";
+
+/// A toleration with its key and value resolved to symbols.
 #[derive(Debug)]
-pub(super) struct Tol {
+pub(super) struct ResolvedToleration {
     /// `None`: every key (empty key with Exists); `Some(None)`: a key no node has.
     pub(super) key: Option<Option<Sym>>,
     /// `None`: any value (Exists); `Some(None)`: a value no node has.
@@ -20,7 +23,7 @@ pub(super) struct Tol {
 
 /// What a node selector requirement looks at.
 #[derive(Debug)]
-pub(super) enum Subject {
+pub(super) enum RequirementSubject {
     /// A label, by symbol; `None` when no node has that key.
     Label(Option<Sym>),
     /// The node's name (`matchFields` on `metadata.name`).
@@ -29,31 +32,33 @@ pub(super) enum Subject {
     OtherField,
 }
 
-/// A resolved node selector requirement.
+/// A node selector requirement with its values resolved to symbols.
 #[derive(Debug)]
-pub(super) struct Req<'p> {
-    pub(super) subject: Subject,
-    pub(super) op: SelectorOperator,
+pub(super) struct ResolvedRequirement<'p> {
+    pub(super) subject: RequirementSubject,
+    pub(super) operator: SelectorOperator,
+    /// The values as symbols; `None` for a value no node has.
     pub(super) values: Vec<Option<Sym>>,
-    pub(super) raw: &'p [String],
+    /// The values as written, for node names and numeric comparisons.
+    pub(super) raw_values: &'p [String],
 }
 
-/// The shapes with an index behind them.
+/// What a pod asks of cards, in the forms the indexes answer.
 #[derive(Debug, Clone, Copy)]
-pub(crate) enum Fast {
+pub(crate) enum CardShape {
     /// No cards: every node is scored.
-    None,
+    NoCards,
     /// Several containers with cards, or MIG on several cards: nodes in order of free cards.
-    Nodes,
+    ByNodeOrder,
+    /// One container's TDM shares on `cards` cards (an absent core or memory asks for 0).
     Tdm {
         core: u8,
-        mem: u64,
+        memory_mib: u64,
         cards: usize,
     },
-    Mig {
-        slices: u8,
-        mem: Option<u64>,
-    },
+    /// One container's MIG instance on one card.
+    Mig { slices: u8, memory_mib: Option<u64> },
+    /// One container's whole cards.
     Whole {
         cards: usize,
         vendor: VendorFilter,
@@ -61,57 +66,107 @@ pub(crate) enum Fast {
     },
 }
 
+impl CardShape {
+    /// The shape of a pod's containers that ask for cards.
+    fn of(containers: &[ContainerRequest]) -> CardShape {
+        let [only] = containers else {
+            return if containers.is_empty() {
+                CardShape::NoCards
+            } else {
+                CardShape::ByNodeOrder
+            };
+        };
+        match only.cards {
+            CardRequest::Tdm {
+                cards,
+                core,
+                memory_mib,
+            } => CardShape::Tdm {
+                core: core.unwrap_or(0),
+                memory_mib: memory_mib.unwrap_or(0),
+                cards: cards as usize,
+            },
+            CardRequest::Mig {
+                cards: 1,
+                slices,
+                memory_mib,
+            } => CardShape::Mig { slices, memory_mib },
+            CardRequest::Whole { cards, name } => CardShape::Whole {
+                cards: cards as usize,
+                vendor: VendorFilter::of(name),
+                rdma: only.rdma,
+            },
+            CardRequest::Mig { .. } => CardShape::ByNodeOrder,
+        }
+    }
+}
+
 /// A pod with its strings resolved against the cluster's symbols.
 #[derive(Debug)]
-pub(crate) struct Prepared<'p> {
+pub(crate) struct PreparedPod<'p> {
     pub pod: &'p PodInput,
-    pub(super) selector: Option<Vec<(Sym, Sym)>>,
-    pub(super) selector_impossible: bool,
-    pub(super) affinity: Option<Vec<Vec<Req<'p>>>>,
-    pub(super) tolerations: Vec<Tol>,
+    /// The nodeSelector's pairs that some node has.
+    pub(super) node_selector: Option<Vec<(Sym, Sym)>>,
+    /// Whether the nodeSelector names a key or value no node has, so no node matches.
+    pub(super) selector_matches_nothing: bool,
+    /// Required node affinity: any term, each of whose requirements all hold.
+    pub(super) required_affinity: Option<Vec<Vec<ResolvedRequirement<'p>>>>,
+    pub(super) tolerations: Vec<ResolvedToleration>,
     pub(super) tolerates_cordon: bool,
-    pub(super) cpu: u64,
-    pub(super) mem: u64,
+    pub(super) cpu_milli: u64,
+    pub(super) memory_bytes: u64,
+    /// Scalar resources in the pod's order; `None` for a name no node has.
     pub(super) scalars: Vec<(Option<Sym>, u64)>,
-    pub gpu: bool,
-    pub rdma: bool,
-    pub fast: Fast,
+    pub wants_cards: bool,
+    pub wants_rdma: bool,
+    pub shape: CardShape,
     /// Nodes matching the nodeSelector, by id bit, computed before scans of every node.
-    pub(super) selected: Option<Vec<u64>>,
+    pub(super) selected_nodes: Option<Vec<u64>>,
+}
+
+/// Whether a toleration lets a pod onto a cordoned node.
+fn tolerates_cordon(toleration: &Toleration) -> bool {
+    let key = match toleration.operator {
+        TolerationOperator::Exists => toleration.key.is_empty() || toleration.key == CORDON_TAINT,
+        TolerationOperator::Equal => toleration.key == CORDON_TAINT && toleration.value.is_empty(),
+    };
+    key && toleration
+        .effect
+        .is_none_or(|e| e == TaintEffect::NoSchedule)
 }
 
 impl Cluster {
     /// Resolves a pod's strings against the cluster's symbols.
-    pub(crate) fn prepare<'p>(&self, pod: &'p PodInput) -> Prepared<'p> {
-        let get = |s: &str| self.interner.get(s);
-        let mut selector_impossible = false;
-        let selector = (!pod.node_selector.is_empty()).then(|| {
+    pub(crate) fn prepare<'p>(&self, pod: &'p PodInput) -> PreparedPod<'p> {
+        let symbol = |text: &str| self.interner.get(text);
+        let mut selector_matches_nothing = false;
+        let node_selector = (!pod.node_selector.is_empty()).then(|| {
             let mut pairs = Vec::with_capacity(pod.node_selector.len());
-            for (k, v) in &pod.node_selector {
-                match (get(k), get(v)) {
-                    (Some(k), Some(v)) => pairs.push((k, v)),
-                    _ => selector_impossible = true,
+            for (key, value) in &pod.node_selector {
+                match (symbol(key), symbol(value)) {
+                    (Some(key), Some(value)) => pairs.push((key, value)),
+                    _ => selector_matches_nothing = true,
                 }
             }
             pairs
         });
-        let affinity = pod.required_affinity.as_ref().map(|terms| {
+        let required_affinity = pod.required_affinity.as_ref().map(|terms| {
             terms
                 .iter()
-                .map(|t| {
-                    let exprs = t.match_expressions.iter().map(|r| (false, r));
-                    let fields = t.match_fields.iter().map(|r| (true, r));
-                    exprs
+                .map(|term| {
+                    let labels = term.match_expressions.iter().map(|r| (false, r));
+                    let fields = term.match_fields.iter().map(|r| (true, r));
+                    labels
                         .chain(fields)
-                        .map(|(field, r)| Req {
-                            subject: match (field, r.key.as_str()) {
-                                (false, key) => Subject::Label(get(key)),
-                                (true, "metadata.name") => Subject::Name,
-                                (true, _) => Subject::OtherField,
+                        .map(|(field, requirement)| ResolvedRequirement {
+                            subject: match (field, requirement.key.as_str()) {
+                                (false, key) => RequirementSubject::Label(symbol(key)),
+                                (true, "metadata.name") => RequirementSubject::Name,
+                                (true, _) => RequirementSubject::OtherField,
                             },
-                            op: r.operator,
-                            values: r.values.iter().map(|v| get(v)).collect(),
-                            raw: &r.values,
+                            operator: requirement.operator,
+                            values: requirement.values.iter().map(|v| symbol(v)).collect(),
+                            raw_values: &requirement.values,
                         })
                         .collect()
                 })
@@ -120,96 +175,56 @@ impl Cluster {
         let tolerations = pod
             .tolerations
             .iter()
-            .map(|t| Tol {
+            .map(|t| ResolvedToleration {
                 key: (!(t.key.is_empty() && t.operator == TolerationOperator::Exists))
-                    .then(|| get(&t.key)),
-                value: (t.operator == TolerationOperator::Equal).then(|| get(&t.value)),
+                    .then(|| symbol(&t.key)),
+                value: (t.operator == TolerationOperator::Equal).then(|| symbol(&t.value)),
                 effect: t.effect,
             })
             .collect();
-        let tolerates_cordon = pod.tolerations.iter().any(|t| {
-            let key = match t.operator {
-                TolerationOperator::Exists => {
-                    t.key.is_empty() || t.key == "node.kubernetes.io/unschedulable"
-                }
-                TolerationOperator::Equal => {
-                    t.key == "node.kubernetes.io/unschedulable" && t.value.is_empty()
-                }
-            };
-            key && t.effect.is_none_or(|e| e == TaintEffect::NoSchedule)
-        });
-        let fast = match pod.containers.as_slice() {
-            [only] => match only.cards {
-                CardRequest::Tdm {
-                    cards,
-                    core,
-                    memory_mib,
-                } => Fast::Tdm {
-                    core: core.unwrap_or(0),
-                    mem: memory_mib.unwrap_or(0),
-                    cards: cards as usize,
-                },
-                CardRequest::Mig {
-                    cards: 1,
-                    slices,
-                    memory_mib,
-                } => Fast::Mig {
-                    slices,
-                    mem: memory_mib,
-                },
-                CardRequest::Whole { cards, name } => Fast::Whole {
-                    cards: cards as usize,
-                    vendor: VendorFilter::of(name),
-                    rdma: only.rdma,
-                },
-                CardRequest::Mig { .. } => Fast::Nodes,
-            },
-            [] => Fast::None,
-            _ => Fast::Nodes,
-        };
-        Prepared {
+        PreparedPod {
             pod,
-            selector,
-            selector_impossible,
-            affinity,
+            node_selector,
+            selector_matches_nothing,
+            required_affinity,
             tolerations,
-            tolerates_cordon,
-            cpu: pod.resources.cpu_milli,
-            mem: pod.resources.memory_bytes,
+            tolerates_cordon: pod.tolerations.iter().any(tolerates_cordon),
+            cpu_milli: pod.resources.cpu_milli,
+            memory_bytes: pod.resources.memory_bytes,
             scalars: pod
                 .resources
                 .scalar
                 .iter()
-                .map(|(k, &v)| (get(k), v))
+                .map(|(name, &amount)| (symbol(name), amount))
                 .collect(),
-            gpu: !pod.containers.is_empty(),
-            rdma: pod.containers.iter().any(|c| c.rdma),
-            fast,
-            selected: None,
+            wants_cards: !pod.containers.is_empty(),
+            wants_rdma: pod.containers.iter().any(|c| c.rdma),
+            shape: CardShape::of(&pod.containers),
+            selected_nodes: None,
         }
     }
 
     /// Resolves the nodeSelector into a bitmap from the label index, so a scan of every node
     /// reads one bit instead of each node's labels.
-    pub(crate) fn select(&self, prep: &mut Prepared) {
-        let Some(pairs) = &prep.selector else {
+    pub(crate) fn mark_selected_nodes(&self, prep: &mut PreparedPod) {
+        let Some(pairs) = &prep.node_selector else {
             return;
         };
         let mut bits = vec![0u64; self.nodes.len().div_ceil(64)];
-        if !prep.selector_impossible {
+        if !prep.selector_matches_nothing {
             let sets: Option<Vec<&BTreeSet<NodeId>>> =
-                pairs.iter().map(|p| self.labels.get(p)).collect();
+                pairs.iter().map(|pair| self.labels.get(pair)).collect();
             if let Some(mut sets) = sets {
-                sets.sort_by_key(|s| s.len());
-                if let Some((first, rest)) = sets.split_first() {
-                    for &id in *first {
-                        if rest.iter().all(|s| s.contains(&id)) {
+                sets.sort_by_key(|set| set.len());
+                if let Some((smallest, rest)) = sets.split_first() {
+                    for &id in *smallest {
+                        if rest.iter().all(|set| set.contains(&id)) {
                             bits[id as usize / 64] |= 1 << (id % 64);
                         }
                     }
                 }
             }
         }
-        prep.selected = Some(bits);
+        prep.selected_nodes = Some(bits);
     }
 }

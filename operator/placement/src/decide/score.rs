@@ -1,8 +1,8 @@
 //! Placing a pod on one candidate node and scoring the result, and the scan that keeps the best
 //! node among candidates.
 
-use super::explain::Why;
-use super::prepare::{Fast, Prepared};
+use super::explain::Rejection;
+use super::prepare::{CardShape, PreparedPod};
 use crate::cluster::Cluster;
 use crate::mig_cache::MigScore;
 use crate::place::{self, Chosen, Rank, key8, key64};
@@ -10,15 +10,21 @@ use crate::state::{CardUse, NodeId, VendorFilter, flag};
 use runtimekit_contract::CardRequest;
 use std::sync::Arc;
 
-/// How one pod compares on a node; only scores of one pod are ever compared.
+/// How one pod compares on a node, smaller first; only scores of one pod are ever compared.
+/// The fields compare in order.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct Score {
-    major: u8,
-    mem: u64,
+    /// The TDM core row of the worst card chosen, or the whole-card topology tier.
+    row_or_tier: u8,
+    /// The TDM memory key of the worst card chosen, or for a pod without cards the CPU left.
+    room: u64,
+    /// The MIG score of the worst card chosen.
     mig: MigScore,
+    /// The node's key: free whole cards, or the value of the whole-card set it was chosen in.
     node: u8,
     name: Arc<str>,
     id: NodeId,
+    /// The position of the worst card chosen.
     card: u8,
 }
 
@@ -26,41 +32,42 @@ impl Cluster {
     /// Places a pod on one node with the given card usage.
     pub(crate) fn place_pod(
         &self,
-        prep: &Prepared,
+        prep: &PreparedPod,
         id: NodeId,
         uses: &[CardUse],
-    ) -> Result<(Score, Vec<Chosen>), Why> {
+    ) -> Result<(Score, Vec<Chosen>), Rejection> {
         let node = &self.nodes[id as usize];
-        let s = &self.summaries[id as usize];
+        let summary = &self.summaries[id as usize];
         let scoring = self.settings.scoring;
         let mut score = Score {
-            major: 0,
-            mem: 0,
+            row_or_tier: 0,
+            room: 0,
             mig: MigScore {
                 free: 0,
                 room: [0; 8],
             },
-            node: key8(scoring, s.free[VendorFilter::Any.slot()]),
+            node: key8(scoring, summary.free[VendorFilter::Any.slot()]),
             name: node.name.clone(),
             id,
             card: 0,
         };
-        if !prep.gpu {
+        if !prep.wants_cards {
             score.node = 0;
-            score.mem = key64(scoring, s.cpu_free.saturating_sub(prep.cpu));
+            score.room = key64(scoring, summary.cpu_free.saturating_sub(prep.cpu_milli));
             return Ok((score, Vec::new()));
         }
-        if prep.rdma && node.nics.is_empty() {
-            return Err(Why::NoRdmaNic);
+        if prep.wants_rdma && node.nics.is_empty() {
+            return Err(Rejection::NoRdmaNic);
         }
         let containers = &prep.pod.containers;
-        if let ([only], false) = (containers.as_slice(), matches!(prep.fast, Fast::Nodes)) {
+        let by_node_order = matches!(prep.shape, CardShape::ByNodeOrder);
+        if let ([only], false) = (containers.as_slice(), by_node_order) {
             let chosen = place::place(scoring, &self.mig, node, uses, &only.cards, only.rdma)
-                .map_err(|f| Why::Card(0, f))?;
+                .map_err(|fail| Rejection::Cards { container: 0, fail })?;
             match chosen.rank {
                 Rank::Tdm { row, mem, card } => {
-                    score.major = row;
-                    score.mem = mem;
+                    score.row_or_tier = row;
+                    score.room = mem;
                     score.card = card;
                 }
                 Rank::Mig { score: mig, card } => {
@@ -72,40 +79,51 @@ impl Cluster {
                         CardRequest::Whole { name, .. } => VendorFilter::of(name),
                         _ => VendorFilter::Any,
                     };
-                    score.major = tier;
-                    score.node = key8(scoring, set.value(s, vendor));
+                    score.row_or_tier = tier;
+                    score.node = key8(scoring, set.value(summary, vendor));
                 }
             }
             return Ok((score, vec![chosen]));
         }
+        // Containers go in order, each seeing what the previous ones took.
         let mut scratch = uses.to_vec();
-        let mut out = Vec::with_capacity(containers.len());
-        for (i, c) in containers.iter().enumerate() {
-            let chosen = place::place(scoring, &self.mig, node, &scratch, &c.cards, c.rdma)
-                .map_err(|f| Why::Card(i, f))?;
-            for (p, share) in &chosen.cards {
-                let p = usize::from(*p);
-                node.cards[p].apply(&mut scratch[p], share);
+        let mut placed = Vec::with_capacity(containers.len());
+        for (position, container) in containers.iter().enumerate() {
+            let chosen = place::place(
+                scoring,
+                &self.mig,
+                node,
+                &scratch,
+                &container.cards,
+                container.rdma,
+            )
+            .map_err(|fail| Rejection::Cards {
+                container: position,
+                fail,
+            })?;
+            for (card, share) in &chosen.cards {
+                let card = usize::from(*card);
+                node.cards[card].apply(&mut scratch[card], share);
             }
-            out.push(chosen);
+            placed.push(chosen);
         }
-        Ok((score, out))
+        Ok((score, placed))
     }
 
     /// The best node among `ids`, reporting why each other node failed.
     pub(crate) fn scan(
         &self,
-        prep: &Prepared,
+        prep: &PreparedPod,
         ids: impl Iterator<Item = NodeId>,
-        why: &mut impl FnMut(Why),
+        reject: &mut impl FnMut(Rejection),
     ) -> Option<NodeId> {
         let mut best: Option<Score> = None;
         for id in ids {
-            if !self.filter(prep, id, why) {
+            if !self.passes_predicates(prep, id, reject) {
                 continue;
             }
-            if let Some(w) = self.quick_fail(prep, &self.summaries[id as usize]) {
-                why(w);
+            if let Some(rejection) = self.summary_rejection(prep, &self.summaries[id as usize]) {
+                reject(rejection);
                 continue;
             }
             let uses = &self.nodes[id as usize].uses;
@@ -115,18 +133,18 @@ impl Cluster {
                         best = Some(score);
                     }
                 }
-                Err(w) => why(w),
+                Err(rejection) => reject(rejection),
             }
         }
         best.map(|b| b.id)
     }
 
     /// The ids of every known node.
-    pub(crate) fn known_ids(&self) -> impl Iterator<Item = NodeId> + '_ {
+    pub(crate) fn known_node_ids(&self) -> impl Iterator<Item = NodeId> + '_ {
         self.summaries
             .iter()
             .enumerate()
-            .filter(|(_, s)| s.has(flag::KNOWN))
-            .map(|(i, _)| i as NodeId)
+            .filter(|(_, summary)| summary.has(flag::KNOWN))
+            .map(|(id, _)| id as NodeId)
     }
 }
