@@ -7,7 +7,6 @@ pub mod gangs;
 pub mod jobset;
 pub mod leader;
 pub mod metrics;
-pub mod objects;
 pub mod run;
 pub mod scheduler;
 pub mod shared;

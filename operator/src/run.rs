@@ -107,7 +107,7 @@ pub async fn run_with(
     // Leading starts once both hold: this replica has the Lease and every kind has been listed.
     // Waiting for either is a state of this loop, so a shutdown, a dead task or a lost Lease
     // ends the wait as it ends everything else (a missing CRD must not pin the Lease).
-    let first_sync = wait_for_first_sync(&shared);
+    let first_sync = shared.wait_synced();
     tokio::pin!(shutdown, first_sync);
     let (mut synced, mut leader, mut leading_started) = (false, false, false);
     loop {
@@ -176,19 +176,6 @@ fn spawn_watchers(tasks: &mut JoinSet<Result<()>>, client: &Client, shared: &Arc
         mirror(Api::<GangGroup>::all(c), config, s).await;
         Ok(())
     });
-}
-
-/// Completes once every watched kind has been listed. The watchers wake the shared
-/// subscription after each complete list, and the subscription is taken before the first
-/// look, so no list is missed.
-async fn wait_for_first_sync(shared: &Shared) {
-    let mut changes = shared.subscribe();
-    while !shared.all_synced() {
-        if changes.changed().await.is_err() {
-            // `shared` owns the sender, so this cannot happen while it is borrowed.
-            std::future::pending::<()>().await;
-        }
-    }
 }
 
 /// Starts the scheduler and controllers; called once every kind has been listed, so the first

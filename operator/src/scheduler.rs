@@ -4,7 +4,6 @@
 //! is bounded by the apiserver rather than by this loop.
 
 use crate::metrics::AttemptResult;
-use crate::objects::slices_and_allocation;
 use crate::shared::Shared;
 use crate::state::{Binding, Outcome};
 use crate::writes::binding::{create_slice, post_binding};
@@ -13,6 +12,7 @@ use futures::future::join_all;
 use kube::api::Api;
 use kube::{Client, Resource, ResourceExt};
 use runtimekit_crds::GpuSlice;
+use runtimekit_placement::objects::slices_and_allocation;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;

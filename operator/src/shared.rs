@@ -59,15 +59,31 @@ impl Shared {
         self.changes.subscribe()
     }
 
-    /// Records that `kind` has been listed completely.
+    /// Records that `kind` has been listed completely, and wakes every task, those waiting in
+    /// [`Shared::wait_synced`] included.
     pub fn mark_synced(&self, kind: &'static str) {
-        let mut synced = self
-            .synced
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        synced.insert(kind);
-        if WATCHED.iter().all(|k| synced.contains(k)) {
-            self.metrics.set_ready();
+        {
+            let mut synced = self
+                .synced
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            synced.insert(kind);
+            if WATCHED.iter().all(|k| synced.contains(k)) {
+                self.metrics.set_ready();
+            }
+        }
+        self.wake();
+    }
+
+    /// Completes once every watched kind has been listed. The subscription is taken before the
+    /// first look, and [`Shared::mark_synced`] wakes it, so no list is missed.
+    pub async fn wait_synced(&self) {
+        let mut changes = self.subscribe();
+        while !self.all_synced() {
+            if changes.changed().await.is_err() {
+                // `self` owns the sender, so it cannot be dropped while this borrows it.
+                std::future::pending::<()>().await;
+            }
         }
     }
 

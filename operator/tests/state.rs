@@ -8,8 +8,8 @@ use runtimekit_contract::RuntimeKitConfig;
 use runtimekit_crds::{
     CardHealth, CardStatus, GpuSlice, TopologyGroup, TopologyGroupSpec, TopologyGroupStatus, Vendor,
 };
-use runtimekit_operator::objects::slices_and_allocation;
 use runtimekit_operator::state::{Binding, Outcome, RESTORE_GRACE, State};
+use runtimekit_placement::objects::slices_and_allocation;
 use serde_json::json;
 use std::time::{Duration, Instant};
 

@@ -78,7 +78,8 @@
 //!
 //! `cluster` keeps the state (`state` per node, `index` the ordered indexes over it); `decide/`
 //! decides one pod (`prepare`, `predicates`, `lookup`, `score`, `explain`); `place` chooses cards
-//! on one node; `gang` places gangs; `reason` words failures; `convert` reads the API objects.
+//! on one node; `gang` places gangs; `reason` words failures; `convert` reads the API objects;
+//! `objects` builds the GpuSlices and allocation annotation a decision becomes.
 
 mod cluster;
 mod convert;
@@ -88,6 +89,7 @@ mod index;
 mod intern;
 mod mig_cache;
 mod model;
+pub mod objects;
 mod place;
 mod quantity;
 mod reason;

@@ -10,7 +10,6 @@ pub mod next;
 
 use crate::backoff::Backoff;
 use crate::jobset::JobSet;
-use crate::objects::{allocation_of, slices_and_allocation};
 use crate::shared::Shared;
 use crate::state::GangBinding;
 use crate::writes::binding::{BindError, create_slice, post_binding};
@@ -24,6 +23,7 @@ use kube::api::{Api, ObjectMeta};
 use kube::{Client, ResourceExt};
 use next::{Action, Members, Step};
 use runtimekit_crds::{GangGroup, GangGroupSpec, GangGroupStatus, GangPhase, GpuSlice, Tier};
+use runtimekit_placement::objects::{allocation_of, slices_and_allocation};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

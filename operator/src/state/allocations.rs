@@ -2,10 +2,10 @@
 //! their cards until they are gone, and named slices that are missing are re-created.
 
 use super::{InFlight, RETRY_BACKOFF, Restore, State};
-use crate::objects::slice_objects;
 use kube::ResourceExt;
 use runtimekit_crds::GpuSlice;
 use runtimekit_placement as placement;
+use runtimekit_placement::objects::slice_objects;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 

@@ -3,13 +3,13 @@
 
 use super::records::prune;
 use super::{Feed, InFlight, Life, Now, Pending, PodRecord, Recorded, State};
-use crate::objects::slice_names;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use runtimekit_contract::GangMembership;
 use runtimekit_contract::allocation::Allocation;
 use runtimekit_contract::parse_pod;
 use runtimekit_placement as placement;
+use runtimekit_placement::objects::slice_names;
 use std::sync::Arc;
 
 impl Feed for Pod {

@@ -1,14 +1,12 @@
-//! The objects a decision becomes, built without I/O: the GpuSlice of each card (its name and
-//! body) and the allocation annotation the Binding carries. The scheduler and the gang controller
-//! write them; the state rebuilds the same objects to find slices a bound pod is missing.
+//! The objects a [`Decision`] becomes: the GpuSlice of each card (its name and body) and the
+//! allocation annotation the Binding carries. The operator's scheduler and gang controller write
+//! them; its state rebuilds the same objects to find the slices a bound pod is missing.
 
+use crate::Decision;
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::ResourceExt;
-use kube::api::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use runtimekit_contract::allocation::Allocation;
 use runtimekit_crds::{GpuSlice, SLICE_FINALIZER};
-use runtimekit_placement::Decision;
 
 /// The name of the GpuSlice for one card of one container: unique per pod UID, so a new pod of
 /// the same name never collides with the slices of an old one still being released.
@@ -27,7 +25,7 @@ pub fn slice_name(pod: &str, uid: &str, container_index: usize, replica: u32) ->
 
 /// The allocation annotation of a decision: the cards, and the GpuSlice recording each.
 pub fn allocation_of(pod: &Pod, decision: &Decision) -> Allocation {
-    let name = pod.name_any();
+    let name = pod_name(pod);
     let uid = pod.metadata.uid.clone().unwrap_or_default();
     let containers: Vec<&str> = pod
         .spec
@@ -44,8 +42,8 @@ pub fn allocation_of(pod: &Pod, decision: &Decision) -> Allocation {
 pub fn slices_and_allocation(pod: &Pod, decision: &Decision) -> (Vec<GpuSlice>, Allocation) {
     let allocation = allocation_of(pod, decision);
     let slices = slice_objects(
-        &pod.namespace().unwrap_or_default(),
-        &pod.name_any(),
+        pod.metadata.namespace.as_deref().unwrap_or_default(),
+        &pod_name(pod),
         pod.metadata.uid.as_deref().unwrap_or_default(),
         decision,
         &slice_names(&allocation),
@@ -97,4 +95,13 @@ pub fn slice_objects(
             status: None,
         })
         .collect()
+}
+
+/// The pod's name, or its generateName before the apiserver named it (as kube's `name_any`).
+fn pod_name(pod: &Pod) -> String {
+    pod.metadata
+        .name
+        .clone()
+        .or_else(|| pod.metadata.generate_name.clone())
+        .unwrap_or_default()
 }
