@@ -13,45 +13,32 @@ const REPORTING: &str = "AgentReporting";
 
 /// Makes the API match `plan`; each failed write is logged and retried by a later plan.
 pub async fn apply_plan(api: &Api<TopologyGroup>, plan: &TopologyPlan, now: Timestamp) {
-    let params = PatchParams::apply(TOPOLOGY).force();
-    let apply = |name: &str, fields: serde_json::Value| {
-        let (name, params) = (name.to_owned(), params.clone());
-        async move {
-            let body = apply_body::<TopologyGroup>(fields);
-            let result = api.patch(&name, &params, &Patch::Apply(&body)).await;
-            log_failure("a TopologyGroup", &name, result.map(|_| ()));
-        }
-    };
-    let apply_status = |name: &str, fields: serde_json::Value| {
-        let (name, params) = (name.to_owned(), params.clone());
-        async move {
-            let body = apply_body::<TopologyGroup>(fields);
-            let result = api.patch_status(&name, &params, &Patch::Apply(&body)).await;
-            log_failure("a TopologyGroup's status", &name, result.map(|_| ()));
-        }
-    };
     for (name, tier, parent) in &plan.derived {
         let fields = serde_json::json!({
             "metadata": {"name": name, "labels": {DERIVED_LABEL: "true"}},
             "spec": {"tier": tier, "parent": parent},
         });
-        apply(name, fields).await;
+        write(api, name, fields, Part::Object).await;
     }
     for name in &plan.obsolete {
         let result = api.delete(name, &DeleteParams::background()).await;
         log_failure("a TopologyGroup", name, result.map(|_| ()));
     }
     for (name, parent) in &plan.parents {
-        apply(
+        write(
+            api,
             name,
             serde_json::json!({"spec": {"tier": "Node", "parent": parent}}),
+            Part::Object,
         )
         .await;
     }
     for (name, nodes, capacity) in &plan.status {
-        apply_status(
+        write(
+            api,
             name,
             serde_json::json!({"status": {"nodes": nodes, "capacity": capacity}}),
+            Part::Status,
         )
         .await;
     }
@@ -69,13 +56,35 @@ pub async fn apply_plan(api: &Api<TopologyGroup>, plan: &TopologyPlan, now: Time
             "type": REPORTING, "status": status, "reason": reason, "message": message,
             "lastTransitionTime": now.to_string(),
         });
-        apply_status(
+        write(
+            api,
             name,
             serde_json::json!({"status": {"conditions": [condition]}}),
+            Part::Status,
         )
         .await;
         if !reporting {
             tracing::warn!(group = %name, "node agent stopped heartbeating; its cards are withheld");
         }
     }
+}
+
+/// Which part of a TopologyGroup a write applies to.
+#[derive(Debug, Clone, Copy)]
+enum Part {
+    /// Its metadata and spec.
+    Object,
+    /// Its status subresource.
+    Status,
+}
+
+/// Applies `fields` to the group `name`; a failure is logged and retried by a later plan.
+async fn write(api: &Api<TopologyGroup>, name: &str, fields: serde_json::Value, part: Part) {
+    let params = PatchParams::apply(TOPOLOGY).force();
+    let body = Patch::Apply(apply_body::<TopologyGroup>(fields));
+    let result = match part {
+        Part::Object => api.patch(name, &params, &body).await,
+        Part::Status => api.patch_status(name, &params, &body).await,
+    };
+    log_failure("a TopologyGroup", name, result.map(|_| ()));
 }
