@@ -51,6 +51,8 @@ pub async fn run(shared: Arc<Shared>, client: Client, reports: Reports) {
             keys
         };
         let mut phases: BTreeMap<String, i64> = BTreeMap::new();
+        // Holds of gangs that are gone go with them.
+        controller.held.retain(|key, _| gangs.contains(key));
         for (namespace, name) in gangs {
             let key = (namespace, name);
             let phase = match controller.held_phase(&key) {
@@ -222,7 +224,15 @@ impl Controller {
                     Some(Hold::Until { failures, .. }) => failures + 1,
                     _ => 1,
                 };
-                let hold = Hold::after(&error, &gang, failures, Instant::now());
+                // The gang as the state has it now: a Reserved write earlier in this pass may
+                // have moved its resource version on.
+                let current = self.shared.lock().gang(namespace, name).cloned();
+                let hold = Hold::after(
+                    &error,
+                    current.as_deref().unwrap_or(&gang),
+                    failures,
+                    Instant::now(),
+                );
                 tracing::warn!(gang = name, %namespace, %error, ?hold, "could not write the GangGroup status");
                 self.held.insert(key, hold);
             }

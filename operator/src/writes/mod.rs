@@ -11,7 +11,9 @@ pub mod topology;
 /// The scheduler: the GpuSlices and Bindings of single pods.
 pub const SCHEDULER: &str = "lj-runtimekit-scheduler";
 /// The GangGroup controller: GangGroups, their status, and the slices and Bindings of members.
-pub const GANGS: &str = "lj-runtimekit-gangs";
+/// It keeps the scheduler's name: gang statuses written before this split are owned by it, and
+/// server-side apply clears a field left out (a cleared message) only for its own manager.
+pub const GANGS: &str = SCHEDULER;
 /// The GpuSlice controller: slices re-created from a bound pod's allocation.
 pub const SLICES: &str = "lj-runtimekit-slices";
 /// The TopologyGroup controller: derived groups, parents, aggregate capacity, agent reporting.
