@@ -113,11 +113,6 @@ impl State {
         self.gangs.keys().cloned().collect()
     }
 
-    /// The engine's key of a gang.
-    pub fn gang_key(namespace: &str, name: &str) -> String {
-        format!("{namespace}/{name}")
-    }
-
     /// Decides and reserves a gang's pending members in one decision, all or nothing. On
     /// success the members are in flight until bound or rolled back.
     pub fn reserve_gang(
@@ -154,7 +149,7 @@ impl State {
             members.push(Arc::clone(&pending.pod));
             inputs.push(input);
         }
-        let mut constraint = placement::GangConstraint::new(State::gang_key(namespace, name));
+        let mut constraint = placement::GangConstraint::new(namespaced_key(namespace, name));
         constraint.highest_tier = highest_tier;
         let decision = self.engine.decide_gang(&inputs, &constraint)?;
         self.engine.reserve_gang(&decision)?;
@@ -177,7 +172,7 @@ impl State {
 
     /// Every member of a reserved gang is bound: the reservation becomes ordinary allocations.
     pub fn gang_bound(&mut self, namespace: &str, name: &str, uids: &[String]) {
-        self.engine.confirm_gang(&State::gang_key(namespace, name));
+        self.engine.confirm_gang(&namespaced_key(namespace, name));
         for uid in uids {
             self.bound(uid);
         }
@@ -185,7 +180,7 @@ impl State {
 
     /// Rolls a gang's reservation back.
     pub fn gang_rolled_back(&mut self, namespace: &str, name: &str, uids: &[String]) {
-        self.engine.release_gang(&State::gang_key(namespace, name));
+        self.engine.release_gang(&namespaced_key(namespace, name));
         for uid in uids {
             self.in_flight.remove(uid);
             self.keep_written_slices(uid);

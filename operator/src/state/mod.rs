@@ -81,7 +81,7 @@ pub trait Feed: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'sta
     fn relisted(_state: &mut State) {}
 }
 
-/// The key of a namespaced object in [`Feed::key`].
+/// The key of a namespaced object: in [`Feed::key`], and the engine's key of a gang.
 fn namespaced_key(namespace: &str, name: &str) -> String {
     format!("{namespace}/{name}")
 }
