@@ -5,7 +5,7 @@
 use crate::leader::{Elector, Timing};
 use crate::metrics::{self, Metrics};
 use crate::shared::Shared;
-use crate::state::State;
+use crate::state::{Feed, State};
 use crate::watch::mirror;
 use crate::writes::report::Reports;
 use crate::{gangs, scheduler, slices, topology_sync};
@@ -148,32 +148,24 @@ pub async fn run_with(
 /// How long a shutdown waits for the writes of decisions already made.
 const WRITES_DRAIN: Duration = Duration::from_secs(5);
 
+/// Starts one watch per kind the state is fed from (the kinds of [`crate::shared::WATCHED`]).
 fn spawn_watchers(tasks: &mut JoinSet<Result<()>>, client: &Client, shared: &Arc<Shared>) {
+    spawn_watcher::<Pod>(tasks, client, shared);
+    spawn_watcher::<Node>(tasks, client, shared);
+    spawn_watcher::<GpuSlice>(tasks, client, shared);
+    spawn_watcher::<TopologyGroup>(tasks, client, shared);
+    spawn_watcher::<GangGroup>(tasks, client, shared);
+}
+
+/// Starts the watch that feeds the state with every `K` of the cluster.
+fn spawn_watcher<K>(tasks: &mut JoinSet<Result<()>>, client: &Client, shared: &Arc<Shared>)
+where
+    K: Feed<DynamicType = ()>,
+{
     let config = watcher::Config::default().any_semantic();
-    let (c, s) = (client.clone(), Arc::clone(shared));
-    let cfg = config.clone();
+    let (api, shared) = (Api::<K>::all(client.clone()), Arc::clone(shared));
     tasks.spawn(async move {
-        mirror(Api::<Pod>::all(c), cfg, s).await;
-        Ok(())
-    });
-    let (c, s, cfg) = (client.clone(), Arc::clone(shared), config.clone());
-    tasks.spawn(async move {
-        mirror(Api::<Node>::all(c), cfg, s).await;
-        Ok(())
-    });
-    let (c, s, cfg) = (client.clone(), Arc::clone(shared), config.clone());
-    tasks.spawn(async move {
-        mirror(Api::<GpuSlice>::all(c), cfg, s).await;
-        Ok(())
-    });
-    let (c, s, cfg) = (client.clone(), Arc::clone(shared), config.clone());
-    tasks.spawn(async move {
-        mirror(Api::<TopologyGroup>::all(c), cfg, s).await;
-        Ok(())
-    });
-    let (c, s) = (client.clone(), Arc::clone(shared));
-    tasks.spawn(async move {
-        mirror(Api::<GangGroup>::all(c), config, s).await;
+        mirror(api, config, shared).await;
         Ok(())
     });
 }
