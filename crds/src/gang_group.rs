@@ -16,8 +16,10 @@ fn default_highest_tier() -> Tier {
 
 /// A set of pods that is placed all at once or not at all. The operator creates one for pods
 /// labelled `aliyun.com/min-member` (one per JobSet, or per explicit gang-name label), or a user
-/// applies it. When the group is not complete and running within its timeout, every reservation
-/// is rolled back and the group retries with backoff.
+/// applies it. When the group is not complete and running within its timeout, the attempt is
+/// recorded, whatever its pending members hold is released, they stay Pending with the reason,
+/// and the group retries with backoff. Bound members are left alone unless `onTimeout` says
+/// `DeleteBoundMembers`.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
     group = "runtimekit.aliyun.com",
@@ -65,7 +67,8 @@ pub struct GangGroupSpec {
     pub min_member: u32,
 
     /// Seconds each attempt has, from its start, to have every member bound and running before
-    /// all reservations are rolled back and the group retries with backoff.
+    /// it counts as timed out: pending members release what they hold and the group retries
+    /// with backoff.
     #[serde(default = "default_timeout_seconds")]
     #[x_kube(validation = Rule::new("self >= 1 && self <= 86400").message("timeoutSeconds must be between 1 and 86400"))]
     pub timeout_seconds: u32,
@@ -79,6 +82,24 @@ pub struct GangGroupSpec {
     /// one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job_set: Option<String>,
+
+    /// What a timed-out attempt does to members that are bound already. `KeepBoundMembers`
+    /// (the default) leaves them alone: deleting an unfinished pod is a failure to the Job
+    /// controller, and a JobSet with a small `backoffLimit` would fail. `DeleteBoundMembers`
+    /// deletes them (each with a UID precondition) so that a whole new gang is placed; only for
+    /// owners that recreate members without counting failures.
+    #[serde(default)]
+    pub on_timeout: OnTimeout,
+}
+
+/// What a timed-out attempt does to the members that are bound already.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum OnTimeout {
+    /// Bound members keep their cards and are never deleted.
+    #[default]
+    KeepBoundMembers,
+    /// Bound members that have not finished are deleted, each with a UID precondition.
+    DeleteBoundMembers,
 }
 
 /// Where a gang is in its life.
@@ -92,7 +113,8 @@ pub enum GangPhase {
     Bound,
     /// Every member is running.
     Running,
-    /// The group did not become complete and running in time; reservations were rolled back.
+    /// The group did not become complete and running in time; what its pending members held
+    /// was released and the next attempt waits out a backoff.
     TimedOut,
     /// The group cannot be placed as declared (see message).
     Failed,
@@ -141,12 +163,12 @@ pub struct GangGroupStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placement: Option<GangPlacement>,
 
-    /// Placement attempts so far, rolled-back ones included.
+    /// Attempts that timed out so far; the current attempt is the next one.
     #[serde(default)]
     pub attempts: u32,
 
     /// When the current attempt began (its first member appeared, or the backoff after a
-    /// rollback ended); the timeout counts from here.
+    /// timed-out attempt ends); the timeout counts from here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempt_start_time: Option<Timestamp>,
 

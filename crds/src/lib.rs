@@ -14,7 +14,7 @@ mod topology_group;
 
 pub use common::{CONDITION_READY, Tier, set_condition};
 pub use gang_group::{
-    GangGroup, GangGroupSpec, GangGroupStatus, GangMembers, GangPhase, GangPlacement,
+    GangGroup, GangGroupSpec, GangGroupStatus, GangMembers, GangPhase, GangPlacement, OnTimeout,
 };
 pub use gpu_slice::{
     CardRef, GpuSlice, GpuSliceSpec, GpuSliceStatus, MigInstanceRef, PodRef, SliceMode, SlicePhase,

@@ -607,3 +607,67 @@ fn a_pod_that_ends_while_its_writes_run_frees_what_they_did_not_write() {
     state.apply_pod(&pod("b", whole(), 5));
     assert_eq!(card_of(&bind(&mut state, "uid-b", now)), card_of(&a));
 }
+
+/// A gang member of gang `g` of two, asking for one whole card.
+fn member(name: &str) -> Pod {
+    let mut pod = pod(name, whole(), 10);
+    pod.metadata.labels = Some(
+        [
+            ("aliyun.com/min-member".to_owned(), "2".to_owned()),
+            ("aliyun.com/gang-name".to_owned(), "g".to_owned()),
+        ]
+        .into(),
+    );
+    pod
+}
+
+#[test]
+fn a_gang_member_whose_binding_failed_gives_back_its_card_and_its_slices() {
+    let mut state = cluster(2);
+    let now = Instant::now();
+    state.apply_pod(&member("m0"));
+    state.apply_pod(&member("m1"));
+    let gang = state
+        .reserve_gang("ns", "g", runtimekit_crds::Tier::NetworkPod)
+        .expect("the gang fits");
+    assert_eq!(gang.members.len(), 2);
+    let mut written_slices = Vec::new();
+    for (pod, decision) in &gang.members {
+        written_slices.extend(slices_and_allocation(pod, decision).0);
+    }
+    state.slices_created(written_slices.iter().map(|s| (s, true)));
+    let failed = gang.members[1].1.pod_uid.clone();
+    state.gang_written(
+        "ns",
+        "g",
+        &[
+            (gang.members[0].1.pod_uid.clone(), true),
+            (failed.clone(), false),
+        ],
+    );
+    assert!(
+        !state.in_flight(&failed),
+        "the failed member is pending again"
+    );
+    let work = state.take_work();
+    let failed_slice = written_slices
+        .iter()
+        .find(|s| s.spec.pod.uid == failed)
+        .expect("its slice");
+    let key = (
+        "ns".to_owned(),
+        failed_slice.metadata.name.clone().expect("name"),
+    );
+    assert!(
+        work.release.contains(&key) && work.unfinalize.contains(&key),
+        "its never-enacted slice is deleted and unfinalized: {work:?}"
+    );
+    assert_eq!(work.release.len(), 1, "the bound member keeps its slice");
+    // Its card is free again for anyone; the bound member's is not.
+    state.apply_pod(&pod("other", whole(), 1));
+    let other = bind(&mut state, "uid-other", now);
+    assert_eq!(
+        card_of(&other),
+        gang.members[1].1.containers[0].cards[0].index
+    );
+}

@@ -49,7 +49,7 @@ async fn crds_are_established_and_documented(ctx: TestContext) -> Result<()> {
     }
     let explained = ctx.kubectl_ok(&["explain", "ganggroup.spec.timeoutSeconds"], None)?;
     ensure!(
-        explained.contains("rolled back"),
+        explained.contains("retries with backoff"),
         "kubectl explain ganggroup.spec.timeoutSeconds:\n{explained}"
     );
     Ok(())

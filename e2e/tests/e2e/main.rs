@@ -3,8 +3,10 @@
 //! a test fails or the run is interrupted.
 
 mod control_plane;
+mod gangs;
 mod node_agent;
 mod operator;
+mod trust;
 
 use libtest_mimic::Arguments;
 use runtimekit_e2e::Harness;
@@ -13,7 +15,14 @@ use std::process::ExitCode;
 
 /// Every test of the suite.
 fn tests() -> Vec<Test> {
-    [control_plane::TESTS, operator::TESTS, node_agent::TESTS].concat()
+    [
+        control_plane::TESTS,
+        operator::TESTS,
+        gangs::TESTS,
+        trust::TESTS,
+        node_agent::TESTS,
+    ]
+    .concat()
 }
 
 fn main() -> ExitCode {

@@ -1,7 +1,8 @@
 //! The GangGroup controller: creates a GangGroup for pods labelled `aliyun.com/min-member`,
 //! checks the size against the JobSet, waits for the members, reserves all of them in one
-//! decision, binds only when every member is reserved, and rolls everything back when the gang
-//! is not complete and running within its timeout, retrying with backoff.
+//! decision, binds only when every member is reserved, and when the gang is not complete and
+//! running within its timeout records the attempt and retries with backoff (deleting bound
+//! members only when the gang opts in).
 //!
 //! What a pass does is decided by the pure state machine in [`next`]; this loop only reads the
 //! state, asks the apiserver what `next` needs (the JobSet's size), and carries out the result.
@@ -11,7 +12,7 @@ pub mod next;
 use crate::backoff::Backoff;
 use crate::jobset::JobSet;
 use crate::shared::Shared;
-use crate::state::GangBinding;
+use crate::state::{GangBinding, Life};
 use crate::writes::binding::{BindError, create_slice, post_binding};
 use crate::writes::report::Reports;
 use crate::writes::{self, slices::mark_reserved};
@@ -22,7 +23,9 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ObjectMeta};
 use kube::{Client, ResourceExt};
 use next::{Action, Members, Step};
-use runtimekit_crds::{GangGroup, GangGroupSpec, GangGroupStatus, GangPhase, GpuSlice, Tier};
+use runtimekit_crds::{
+    GangGroup, GangGroupSpec, GangGroupStatus, GangPhase, GpuSlice, OnTimeout, Tier,
+};
 use runtimekit_placement::objects::{allocation_of, slices_and_allocation};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -142,6 +145,7 @@ struct Member {
     name: String,
     bound: bool,
     running: bool,
+    succeeded: bool,
     pod: Option<Arc<Pod>>,
 }
 
@@ -198,8 +202,8 @@ impl Controller {
                         if let Err(error) = self.write_status(&gang, status.clone()).await {
                             tracing::warn!(gang = name, %namespace, %error, "could not mark the GangGroup Reserved");
                         }
-                        let all_bound = self.bind(namespace, name, binding).await;
-                        next::bound(&gang, status, members, all_bound, now)
+                        let failure = self.bind(namespace, name, binding).await;
+                        next::bound(&gang, status, members, failure, now)
                     }
                     Err(error) => next::unplaceable(&gang, status, members, error.to_string(), now),
                 }
@@ -211,7 +215,7 @@ impl Controller {
                     self.report_members(namespace, name, &snapshot, reason, message)
                         .await;
                 }
-                Action::RollBack => self.roll_back(namespace, name, &snapshot).await,
+                Action::DeleteBound => self.delete_bound(namespace, name, &snapshot).await,
             }
         }
         let key = (namespace.to_owned(), name.to_owned());
@@ -251,6 +255,7 @@ impl Controller {
                 // A member whose binding landed but is not in the watch yet counts as bound.
                 bound: p.node.is_some() || state.in_flight(&p.uid),
                 running: p.life.ran(),
+                succeeded: p.life == Life::Succeeded,
                 pod: p.pending.as_ref().map(|pending| Arc::clone(&pending.pod)),
             })
             .collect();
@@ -294,6 +299,7 @@ impl Controller {
                 timeout_seconds: 180,
                 highest_tier: Tier::NetworkPod,
                 job_set: snapshot.job_set.clone(),
+                on_timeout: OnTimeout::default(),
             },
             status: None,
         };
@@ -329,14 +335,10 @@ impl Controller {
         .map(|v| v.to_string())
     }
 
-    /// Writes the slices of every member (marked Reserved), then the Bindings; any failure rolls
-    /// the whole gang back. Returns whether every member was bound.
-    async fn bind(&self, namespace: &str, name: &str, binding: GangBinding) -> bool {
-        let uids: Vec<String> = binding
-            .members
-            .iter()
-            .map(|(_, d)| d.pod_uid.clone())
-            .collect();
+    /// Writes the slices of every member (marked Reserved), then the Bindings only if every
+    /// slice was written. Members whose writes failed stay pending and give back what they held;
+    /// the others stay bound. Returns why some member was not bound, if one was not.
+    async fn bind(&self, namespace: &str, name: &str, binding: GangBinding) -> Option<String> {
         let slices: Api<GpuSlice> = Api::namespaced(self.client.clone(), namespace);
         let mut all_slices = Vec::new();
         for (pod, decision) in &binding.members {
@@ -352,59 +354,49 @@ impl Controller {
         self.shared
             .lock()
             .slices_created(all_slices.iter().zip(created.iter().map(Result::is_ok)));
-        let mut ok = created.iter().all(Result::is_ok);
-        if ok {
-            let annotation = binding.annotation.as_str();
-            let bindings = join_all(binding.members.iter().map(|(pod, decision)| {
-                let allocation = allocation_of(pod, decision);
-                async move { post_binding(&self.client, pod, annotation, &allocation).await }
-            }))
-            .await;
-            ok = bindings.iter().all(Result::is_ok);
-            for error in bindings.iter().filter_map(|r| r.as_ref().err()) {
-                tracing::warn!(gang = name, %namespace, %error, "binding a gang member failed");
-            }
-        } else {
-            for error in created.iter().filter_map(|r| r.as_ref().err()) {
-                tracing::warn!(gang = name, %namespace, %error, "reserving a gang member failed");
-            }
-        }
-        if ok {
-            self.shared.lock().gang_bound(namespace, name, &uids);
-        } else {
-            self.shared.lock().gang_rolled_back(namespace, name, &uids);
-            let names: Vec<String> = binding
-                .members
-                .iter()
-                .map(|(pod, _)| pod.name_any())
-                .collect();
-            self.delete_members(namespace, &names).await;
-        }
-        self.shared.wake();
-        ok
-    }
-
-    /// Releases every reservation of the attempt: members that are bound are deleted (their
-    /// controller recreates them), and their slices go with them.
-    async fn roll_back(&self, namespace: &str, name: &str, snapshot: &Snapshot) {
-        let uids: Vec<String> = snapshot.members.iter().map(|m| m.uid.clone()).collect();
-        self.shared.lock().gang_rolled_back(namespace, name, &uids);
-        let bound: Vec<String> = snapshot
+        let results: Vec<Result<(), String>> =
+            if let Some(error) = created.iter().find_map(|r| r.as_ref().err()) {
+                let why = format!("writing the gang's slices: {error}");
+                vec![Err(why); binding.members.len()]
+            } else {
+                let annotation = binding.annotation.as_str();
+                join_all(binding.members.iter().map(|(pod, decision)| {
+                    let allocation = allocation_of(pod, decision);
+                    async move {
+                        post_binding(&self.client, pod, annotation, &allocation)
+                            .await
+                            .map_err(|e| e.to_string())
+                    }
+                }))
+                .await
+            };
+        let written: Vec<(String, bool)> = binding
             .members
             .iter()
-            .filter(|m| m.bound)
-            .map(|m| m.name.clone())
+            .zip(&results)
+            .map(|((_, d), result)| (d.pod_uid.clone(), result.is_ok()))
             .collect();
-        self.delete_members(namespace, &bound).await;
-        tracing::info!(gang = name, %namespace, "gang timed out and was rolled back");
+        self.shared.lock().gang_written(namespace, name, &written);
+        self.shared.wake();
+        let failure = results.into_iter().find_map(Result::err)?;
+        tracing::warn!(gang = name, %namespace, error = %failure, "binding gang members failed");
+        Some(failure)
     }
 
-    /// Deletes members of a rolled-back attempt (their controller recreates them). A member
-    /// whose delete fails stays bound, and the gang's next timeout rolls it back again.
-    async fn delete_members(&self, namespace: &str, names: &[String]) {
-        for (pod, error) in writes::gangs::delete_members(&self.client, namespace, names).await {
-            tracing::warn!(%pod, %namespace, %error, "could not delete a gang member on rollback");
+    /// Deletes the bound members that have not finished, each only if it is still the pod this
+    /// pass saw (a UID precondition): the gang opted in with `onTimeout: DeleteBoundMembers`.
+    /// A member whose delete fails stays, and the next timeout tries again.
+    async fn delete_bound(&self, namespace: &str, name: &str, snapshot: &Snapshot) {
+        let members: Vec<(String, String)> = snapshot
+            .members
+            .iter()
+            .filter(|m| m.bound && !m.succeeded)
+            .map(|m| (m.name.clone(), m.uid.clone()))
+            .collect();
+        for (pod, error) in writes::gangs::delete_members(&self.client, namespace, &members).await {
+            tracing::warn!(%pod, %namespace, %error, "could not delete a bound gang member");
         }
+        tracing::info!(gang = name, %namespace, deleted = members.len(), "deleted the bound members of a timed-out attempt");
     }
 
     async fn report_members(
@@ -454,7 +446,7 @@ impl Controller {
 #[cfg(test)]
 mod tests {
     use super::{Hold, WRITE_BACKOFF};
-    use runtimekit_crds::{GangGroup, GangGroupSpec, Tier};
+    use runtimekit_crds::{GangGroup, GangGroupSpec, OnTimeout, Tier};
     use std::time::Instant;
 
     fn api_error(code: u16) -> kube::Error {
@@ -473,6 +465,7 @@ mod tests {
                 timeout_seconds: 60,
                 highest_tier: Tier::NetworkPod,
                 job_set: None,
+                on_timeout: OnTimeout::default(),
             },
         );
         gang.metadata.resource_version = Some("41".into());

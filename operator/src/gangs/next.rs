@@ -9,15 +9,15 @@ use crate::backoff::Backoff;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use runtimekit_crds::{
-    GangGroup, GangGroupStatus, GangMembers, GangPhase, GangPlacement, set_condition,
+    GangGroup, GangGroupStatus, GangMembers, GangPhase, GangPlacement, OnTimeout, set_condition,
 };
 use std::time::Duration;
 
-/// The condition that latches once every member of the current attempt ran: a gang that ran is
-/// never rolled back for a late member.
+/// The condition that latches once every member of the current attempt ran: a gang that ran
+/// never times out for a late member.
 pub const RAN: &str = "Ran";
 
-/// The wait after a rollback before the next attempt.
+/// The wait after a timed-out attempt before the next one.
 const ATTEMPT_BACKOFF: Backoff = Backoff {
     first: Duration::from_secs(5),
     max: Duration::from_secs(300),
@@ -44,9 +44,9 @@ pub enum Action {
         /// What happened.
         message: String,
     },
-    /// Release every reservation of the attempt and delete the members that are bound (their
-    /// controller recreates them).
-    RollBack,
+    /// Delete the bound members that have not finished, each with a UID precondition: only
+    /// under `onTimeout: DeleteBoundMembers`.
+    DeleteBound,
 }
 
 /// The status to write and what to do first.
@@ -70,8 +70,8 @@ pub enum Step {
     Place(GangGroupStatus),
 }
 
-/// Whether the gang waits out the backoff after a rollback at `now`; such a pass changes
-/// nothing but the member counts, and needs no size check.
+/// Whether the gang waits out the backoff after a timed-out attempt at `now`; such a pass
+/// places nothing and needs no size check.
 pub fn backing_off(gang: &GangGroup, now: Timestamp) -> bool {
     gang.status
         .as_ref()
@@ -94,31 +94,6 @@ pub fn next(
         observed_generation: gang.metadata.generation,
         ..status
     };
-    if backing_off(gang, now) {
-        return Step::Done(Pass {
-            status: next,
-            actions: Vec::new(),
-            phase: GangPhase::TimedOut,
-        });
-    }
-    if next.attempt_start_time.is_none() || next.phase == Some(GangPhase::TimedOut) {
-        next.attempt_start_time = Some(Time(now));
-        next.phase = Some(GangPhase::Waiting);
-    }
-    if let Some(message) = size_error {
-        next.phase = Some(GangPhase::Failed);
-        next.message = Some(message.clone());
-        return Step::Done(Pass {
-            status: next,
-            actions: vec![Action::Report {
-                reason: "InvalidGang",
-                message,
-            }],
-            phase: GangPhase::Failed,
-        });
-    }
-    let pending = members.seen - members.bound;
-    let mut actions = Vec::new();
     if members.seen >= min && members.running >= min {
         next.phase = Some(GangPhase::Running);
         next.message = None;
@@ -134,7 +109,38 @@ pub fn next(
                 ),
             );
         }
-    } else if members.seen < min {
+        return Step::Done(Pass {
+            status: next,
+            actions: Vec::new(),
+            phase: GangPhase::Running,
+        });
+    }
+    if backing_off(gang, now) {
+        return Step::Done(Pass {
+            status: next,
+            actions: Vec::new(),
+            phase: GangPhase::TimedOut,
+        });
+    }
+    if next.attempt_start_time.is_none() || next.phase == Some(GangPhase::TimedOut) {
+        next.attempt_start_time = Some(Time(now));
+        next.phase = Some(GangPhase::Waiting);
+        next.message = None;
+    }
+    if let Some(message) = size_error {
+        next.phase = Some(GangPhase::Failed);
+        next.message = Some(message.clone());
+        return Step::Done(Pass {
+            status: next,
+            actions: vec![Action::Report {
+                reason: "InvalidGang",
+                message,
+            }],
+            phase: GangPhase::Failed,
+        });
+    }
+    let mut actions = Vec::new();
+    if members.seen < min {
         next.phase = Some(GangPhase::Waiting);
         let message = format!("waiting for members: {} of {min} exist", members.seen);
         next.message = Some(message.clone());
@@ -142,12 +148,13 @@ pub fn next(
             reason: "GangIncomplete",
             message,
         });
-    } else if pending > 0 && (members.bound == 0 || ran(&next)) {
-        // All pending members in one decision: the whole gang at first, or the replacements of
-        // members that failed after the gang ran.
+    } else if members.seen > members.bound {
+        // Every pending member in one decision: the whole gang at first, then the members
+        // whose binding failed or who replace members that ended.
         return Step::Place(next);
     } else {
         next.phase = Some(GangPhase::Bound);
+        next.message = None;
     }
     Step::Done(time_out(gang, next, members, actions, now))
 }
@@ -169,21 +176,30 @@ pub fn reserved(
     }
 }
 
-/// Finishes a pass whose reserved members were bound (`all_bound`) or rolled back.
+/// Finishes a pass whose reserved members were bound, or not all of them: `failure` says why
+/// some were not (they stay pending, hold nothing and are placed again; the others stay bound).
 pub fn bound(
     gang: &GangGroup,
     mut status: GangGroupStatus,
     members: Members,
-    all_bound: bool,
+    failure: Option<String>,
     now: Timestamp,
 ) -> Pass {
-    if all_bound {
-        status.phase = Some(GangPhase::Bound);
-    } else {
-        status.phase = Some(GangPhase::Waiting);
-        status.message = Some("binding the gang failed; rolled back and retrying".into());
+    let mut actions = Vec::new();
+    match failure {
+        None => status.phase = Some(GangPhase::Bound),
+        Some(why) => {
+            status.phase = Some(GangPhase::Waiting);
+            let message =
+                format!("binding members failed ({why}); they stay pending and are placed again");
+            status.message = Some(message.clone());
+            actions.push(Action::Report {
+                reason: "BindingFailed",
+                message,
+            });
+        }
     }
-    time_out(gang, status, members, Vec::new(), now)
+    time_out(gang, status, members, actions, now)
 }
 
 /// Finishes a pass whose pending members do not fit together, for `message`.
@@ -203,8 +219,9 @@ pub fn unplaceable(
     time_out(gang, status, members, vec![report], now)
 }
 
-/// Ends every pass: a gang that has not run within its timeout since the attempt began is
-/// rolled back and tries again after a backoff.
+/// Ends every pass: an attempt that has not run within the timeout since it began is recorded,
+/// its members are told why, and the next attempt waits out a backoff. Bound members are
+/// deleted only under `onTimeout: DeleteBoundMembers`.
 fn time_out(
     gang: &GangGroup,
     mut status: GangGroupStatus,
@@ -215,38 +232,51 @@ fn time_out(
     let timeout = i64::from(gang.spec.timeout_seconds);
     let started = status.attempt_start_time.as_ref().map_or(now, |t| t.0);
     if !ran(&status) && now.as_second() - started.as_second() > timeout {
-        actions.push(Action::RollBack);
         status.attempts += 1;
         let backoff = ATTEMPT_BACKOFF.after(status.attempts);
-        status.phase = Some(GangPhase::TimedOut);
-        status.message = Some(format!(
-            "not complete and running within {timeout} s ({} of {} running, {} seen); rolled back, attempt {} starts in {} s",
+        let delete = gang.spec.on_timeout == OnTimeout::DeleteBoundMembers && members.bound > 0;
+        let bound = match members.bound {
+            0 => "no member is bound, and nothing is held".to_owned(),
+            n if delete => {
+                format!("the {n} bound members are deleted (onTimeout: DeleteBoundMembers)")
+            }
+            n => format!(
+                "the {n} bound members keep their cards (onTimeout: KeepBoundMembers; delete them to free the cards)"
+            ),
+        };
+        let why = status
+            .message
+            .as_deref()
+            .map(|m| format!(": {m}"))
+            .unwrap_or_default();
+        let message = format!(
+            "not complete and running within {timeout} s ({} of {} running, {} bound, {} exist){why}; {bound}; attempt {} starts in {} s",
             members.running,
             gang.spec.min_member,
+            members.bound,
             members.seen,
             status.attempts + 1,
             backoff.as_secs()
-        ));
+        );
+        status.phase = Some(GangPhase::TimedOut);
+        status.message = Some(message.clone());
+        actions.push(Action::Report {
+            reason: "GangTimedOut",
+            message,
+        });
+        if delete {
+            actions.push(Action::DeleteBound);
+        }
         let next_start = now
             .saturating_add(SignedDuration::try_from(backoff).unwrap_or_default())
             .unwrap_or(now);
         status.attempt_start_time = Some(Time(next_start));
-        status.placement = None;
-        status.members = Some(GangMembers {
-            seen: count(members.seen),
-            reserved: 0,
-            bound: 0,
-            running: 0,
-        });
+        if members.bound == 0 || delete {
+            status.placement = None;
+        }
         set_condition(
             &mut status.conditions,
-            condition(
-                RAN,
-                "False",
-                "RolledBack",
-                "the attempt was rolled back",
-                now,
-            ),
+            condition(RAN, "False", "TimedOut", "the attempt timed out", now),
         );
     }
     let phase = status.phase.unwrap_or(GangPhase::Waiting);

@@ -63,6 +63,33 @@ impl State {
         self.keep_written_slices(uid);
     }
 
+    /// A decided pod that was not bound gives back everything its attempt took: its capacity,
+    /// and the slices written for it (never enacted, so their finalizer goes too). Unlike a
+    /// single pod, whose next try may reuse its slices, a gang member stays pending until the
+    /// whole gang is placed again, and at full capacity its slices would keep the gang out.
+    pub(super) fn release_unbound(&mut self, uid: &str) {
+        self.in_flight.remove(uid);
+        if self.pods.get(uid).is_some_and(|p| p.node.is_some()) {
+            // Bound all the same (an earlier try landed): what it records counts.
+            self.settle_recorded(uid);
+            return;
+        }
+        if self.engine.release(uid) {
+            self.capacity_freed = true;
+        }
+        self.release_slices_of(uid, false);
+        let unseen: Vec<(String, String)> = self
+            .created_unseen
+            .iter()
+            .filter(|(_, input)| input.as_ref().is_some_and(|i| i.pod_uid == uid))
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in unseen {
+            self.work.release.insert(key.clone());
+            self.work.unfinalize.insert(key);
+        }
+    }
+
     /// Slices a pod's attempts did write hold their cards until they are gone, whether or not
     /// the watch shows them yet.
     pub(super) fn keep_written_slices(&mut self, uid: &str) {

@@ -170,20 +170,17 @@ impl State {
         })
     }
 
-    /// Every member of a reserved gang is bound: the reservation becomes ordinary allocations.
-    pub fn gang_bound(&mut self, namespace: &str, name: &str, uids: &[String]) {
+    /// A reserved gang's writes are done, `(uid, bound)` for each member: the reservation ends,
+    /// bound members keep their allocations as ordinary pods, and the others give back what they
+    /// hold (they stay pending and are placed again).
+    pub fn gang_written(&mut self, namespace: &str, name: &str, members: &[(String, bool)]) {
         self.engine.confirm_gang(&namespaced_key(namespace, name));
-        for uid in uids {
-            self.bound(uid);
-        }
-    }
-
-    /// Rolls a gang's reservation back.
-    pub fn gang_rolled_back(&mut self, namespace: &str, name: &str, uids: &[String]) {
-        self.engine.release_gang(&namespaced_key(namespace, name));
-        for uid in uids {
-            self.in_flight.remove(uid);
-            self.keep_written_slices(uid);
+        for (uid, bound) in members {
+            if *bound {
+                self.bound(uid);
+            } else {
+                self.release_unbound(uid);
+            }
         }
     }
 }

@@ -1,10 +1,10 @@
 //! The GangGroup controller's writes: the GangGroup itself, its status, and the deletion of
-//! members of a rolled-back attempt.
+//! bound members of a timed-out attempt when the gang opted in.
 
 use super::{GANGS, apply_body, is_not_found};
 use futures::future::join_all;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::{Client, ResourceExt};
 use runtimekit_crds::{GangGroup, GangGroupStatus};
 
@@ -40,21 +40,33 @@ pub async fn write_status(
     .await
 }
 
-/// Deletes the member pods `names` of a rolled-back attempt, all at once (their controller
-/// recreates them). Returns each member whose delete failed, with the error; a member already
-/// gone is not a failure.
+/// Deletes the member pods `members` (name, UID), all at once, each only if it is still the pod
+/// of that UID: a member recreated under the same name is never deleted for its predecessor.
+/// Returns each member whose delete failed, with the error; a member already gone or replaced
+/// is not a failure.
 pub async fn delete_members(
     client: &Client,
     namespace: &str,
-    names: &[String],
+    members: &[(String, String)],
 ) -> Vec<(String, kube::Error)> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    let params = DeleteParams::background();
-    let deleted = join_all(names.iter().map(|name| pods.delete(name, &params))).await;
-    names
+    let deleted = join_all(members.iter().map(|(name, uid)| {
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: Some(uid.clone()),
+                resource_version: None,
+            }),
+            ..DeleteParams::background()
+        };
+        let pods = &pods;
+        async move { pods.delete(name, &params).await }
+    }))
+    .await;
+    members
         .iter()
         .zip(deleted)
-        .filter_map(|(name, result)| match result {
+        .filter_map(|((name, _), result)| match result {
+            Err(kube::Error::Api(status)) if status.code == 409 => None,
             Err(error) if !is_not_found(&error) => Some((name.clone(), error)),
             _ => None,
         })
