@@ -1,9 +1,13 @@
 //! Telling users what happened: Events, and the PodScheduled condition kube-scheduler also sets.
 
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
-use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use k8s_openapi::api::events::v1::{Event as K8sEvent, EventSeries};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::events::{Event, EventType, Reporter};
 use kube::{Client, Resource};
+use std::collections::HashMap;
 use tokio::sync::mpsc;
 
 /// The longest Event note the API takes is 1 kB; longer messages are cut.
@@ -35,7 +39,11 @@ impl Reports {
             controller: controller.into(),
             instance: Some(identity.into()),
         };
-        let recorder = Recorder::new(client.clone(), reporter);
+        let mut recorder = Correlator {
+            client: client.clone(),
+            reporter,
+            recent: HashMap::new(),
+        };
         let (events, mut queue) = mpsc::channel::<(Event, ObjectReference)>(EVENT_QUEUE);
         tokio::spawn(async move {
             while let Some((event, object)) = queue.recv().await {
@@ -94,7 +102,7 @@ impl Reports {
             "status": "False",
             "reason": reason,
             "message": cut(message),
-            "lastTransitionTime": k8s_openapi::jiff::Timestamp::now().to_string(),
+            "lastTransitionTime": Timestamp::now().to_string(),
         }]}});
         let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         if let Err(error) = api
@@ -103,6 +111,91 @@ impl Reports {
         {
             tracing::debug!(%error, pod = name, "could not set PodScheduled=False");
         }
+    }
+}
+
+/// How long a published Event counts repeats of itself (as kube-runtime's recorder does).
+const SERIES_WINDOW: SignedDuration = SignedDuration::from_secs(6 * 60);
+
+/// Publishes Events, counting a repeat of the same Event as a series of the first. Unlike
+/// kube-runtime's recorder, whose key leaves the note out (so a new message for the same object
+/// and reason only bumps the count of the old one, and users read a stale message), the note is
+/// part of what makes two Events the same, as in client-go's correlator.
+struct Correlator {
+    client: Client,
+    reporter: Reporter,
+    /// The last Event published for each (object, type, reason, action, note).
+    recent: HashMap<(String, String, String, String, String), K8sEvent>,
+}
+
+impl Correlator {
+    async fn publish(
+        &mut self,
+        event: &Event,
+        object: &ObjectReference,
+    ) -> Result<(), kube::Error> {
+        let now = Timestamp::now();
+        self.recent.retain(|_, e| {
+            let last = e
+                .series
+                .as_ref()
+                .map(|s| s.last_observed_time.0)
+                .or(e.event_time.as_ref().map(|t| t.0));
+            last.is_some_and(|t| t + SERIES_WINDOW > now)
+        });
+        let type_ = match event.type_ {
+            EventType::Normal => "Normal",
+            EventType::Warning => "Warning",
+        };
+        // The object by identity: its reference also carries a resourceVersion, which moves.
+        let identity = object.uid.clone().unwrap_or_else(|| {
+            format!("{:?}/{:?}/{:?}", object.kind, object.namespace, object.name)
+        });
+        let key = (
+            identity,
+            type_.to_owned(),
+            event.reason.clone(),
+            event.action.clone(),
+            event.note.clone().unwrap_or_default(),
+        );
+        let namespace = object.namespace.clone().unwrap_or_else(|| "default".into());
+        let api: Api<K8sEvent> = Api::namespaced(self.client.clone(), &namespace);
+        let published = match self.recent.get(&key) {
+            Some(first) => {
+                let count = first.series.as_ref().map_or(2, |s| s.count + 1);
+                let mut repeat = first.clone();
+                repeat.series = Some(EventSeries {
+                    count,
+                    last_observed_time: MicroTime(now),
+                });
+                let name = repeat.metadata.name.clone().unwrap_or_default();
+                api.patch(&name, &PatchParams::default(), &Patch::Merge(&repeat))
+                    .await?;
+                repeat
+            }
+            None => {
+                let object_name = object.name.clone().unwrap_or_default();
+                let new = K8sEvent {
+                    action: Some(event.action.clone()),
+                    reason: Some(event.reason.clone()),
+                    event_time: Some(MicroTime(now)),
+                    regarding: Some(object.clone()),
+                    note: event.note.clone(),
+                    metadata: ObjectMeta {
+                        namespace: Some(namespace.clone()),
+                        name: Some(format!("{object_name}.{:x}", now.as_nanosecond())),
+                        ..ObjectMeta::default()
+                    },
+                    reporting_controller: Some(self.reporter.controller.clone()),
+                    reporting_instance: self.reporter.instance.clone(),
+                    type_: Some(type_.to_owned()),
+                    ..K8sEvent::default()
+                };
+                api.create(&PostParams::default(), &new).await?
+            }
+        };
+        self.recent.insert(key, published);
+        Ok(())
     }
 }
 
