@@ -227,7 +227,7 @@ impl Cluster {
 
         self.spawn("kube-controller-manager", &self.tools.k8s.join("kube-controller-manager"), &[
             format!("--kubeconfig={kubeconfig}"),
-            "--controllers=job-controller,garbage-collector-controller,namespace-controller,pod-garbage-collector-controller,ttl-after-finished-controller".into(),
+            "--controllers=job-controller,garbage-collector-controller,namespace-controller,pod-garbage-collector-controller,ttl-after-finished-controller,clusterrole-aggregation-controller".into(),
             "--leader-elect=false".into(),
             "--use-service-account-credentials=false".into(),
             "--bind-address=127.0.0.1".into(),
