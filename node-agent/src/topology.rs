@@ -101,7 +101,29 @@ pub fn card_status(state: &NodeState, device: &pb::Device, paths: &[pb::DevicePa
         interconnect_group: non_empty(&topology.interconnect_group),
         nvlink_peers: nvlink_peers(device.index, paths),
         mig_instances: mig_instances(device),
+        held_by: held_outside(state, device.index),
     }
+}
+
+/// The pods the kubelet gave card `index` whole that no GpuSlice places on it: pods of another
+/// scheduler, whose card the runtimekit scheduler must never pick.
+pub fn held_outside(state: &NodeState, index: u32) -> Vec<String> {
+    let Some(holders) = state.held_whole.get(&index) else {
+        return Vec::new();
+    };
+    let mut pods: Vec<String> = holders
+        .iter()
+        .filter(|h| {
+            !state
+                .slices
+                .iter()
+                .any(|s| s.card == index && format!("{}/{}", s.pod_namespace, s.pod_name) == h.pod)
+        })
+        .map(|h| h.pod.clone())
+        .collect();
+    pods.sort();
+    pods.dedup();
+    pods
 }
 
 /// One NIC's status.
@@ -220,6 +242,37 @@ mod tests {
     use crate::fixtures::{at, fault, four_cards, slice};
     use crate::health::FaultState;
     use runtimekit_crds::{SliceMode, SlicePhase};
+
+    #[test]
+    fn cards_held_whole_by_pods_without_a_slice_there_are_held_outside() {
+        let mut state = four_cards();
+        let holder = |pod: &str| crate::model::WholeHolder {
+            resource: "nvidia.com/gpu".into(),
+            pod: pod.into(),
+        };
+        // Card 1: a pod of another scheduler. Card 2: the runtimekit scheduler's own whole-card
+        // pod, whose slice places it there.
+        state.held_whole.insert(1, vec![holder("team/other")]);
+        state.held_whole.insert(2, vec![holder("ns/pod-mine")]);
+        state
+            .slices
+            .push(slice("mine", 2, SliceMode::Whole, SlicePhase::Ready));
+        let status = status(&state, None, at(10), Some(1));
+        let held: Vec<(u32, Vec<String>)> = status
+            .cards
+            .iter()
+            .map(|c| (c.index, c.held_by.clone()))
+            .collect();
+        assert_eq!(
+            held,
+            [
+                (0, vec![]),
+                (1, vec!["team/other".to_owned()]),
+                (2, vec![]),
+                (3, vec![])
+            ]
+        );
+    }
 
     #[test]
     fn cards_map_with_topology_links_and_instances() {

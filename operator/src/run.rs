@@ -186,9 +186,9 @@ fn start_leading(
         scheduler::run(s, c, r).await;
         Ok(())
     });
-    let (s, c) = (Arc::clone(shared), client.clone());
+    let (s, c, r) = (Arc::clone(shared), client.clone(), reports.clone());
     tasks.spawn(async move {
-        slices::run(s, c).await;
+        slices::run(s, c, r).await;
         Ok(())
     });
     let (s, c, r) = (Arc::clone(shared), client.clone(), reports);

@@ -3,10 +3,11 @@
 //! and removes the finalizer itself where no agent ever will: the node is gone, or the pod was
 //! never bound so nothing was enacted. It also re-creates the GpuSlices a bound pod's allocation
 //! annotation names that do not exist (writes interrupted by a restart, or a slice deleted under
-//! a running pod).
+//! a running pod). It tells the pod of a slice its node agent reports Failed what happened.
 
 use crate::shared::Shared;
 use crate::state::Work;
+use crate::writes::report::Reports;
 use crate::writes::{self, binding::create_slice};
 use futures::future::join_all;
 use kube::api::Api;
@@ -17,12 +18,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Runs the controller until the task is dropped.
-pub async fn run(shared: Arc<Shared>, client: Client) {
+pub async fn run(shared: Arc<Shared>, client: Client, reports: Reports) {
     let mut changes = shared.subscribe();
     loop {
         let work = shared.lock().take_work();
         if work != Work::default() {
             writes::slices::carry_out(&client, &work).await;
+        }
+        for ((_, slice), failure) in &work.failed {
+            reports.slice_failed(slice, failure).await;
         }
         restore(&shared, &client).await;
         tokio::select! {

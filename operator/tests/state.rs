@@ -47,6 +47,7 @@ fn group(node: &str, cards: u32, heartbeat: Timestamp) -> TopologyGroup {
                 interconnect_group: None,
                 nvlink_peers: vec![],
                 mig_instances: vec![],
+                held_by: vec![],
             })
             .collect(),
         heartbeat_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
@@ -670,4 +671,62 @@ fn a_gang_member_whose_binding_failed_gives_back_its_card_and_its_slices() {
         card_of(&other),
         gang.members[1].1.containers[0].cards[0].index
     );
+}
+
+#[test]
+fn cards_held_whole_by_another_scheduler_are_never_picked() {
+    let mut state = cluster(2);
+    let now = Instant::now();
+    let mut held = group("n1", 2, Timestamp::now());
+    if let Some(status) = held.status.as_mut() {
+        status.cards[0].held_by = vec!["team/trainer".into()];
+    }
+    state.apply_group(&held, Timestamp::now());
+    for (name, age) in [("a", 10), ("b", 5), ("c", 1)] {
+        state.apply_pod(&pod(name, json!({"aliyun.com/gpu-core": "30"}), age));
+    }
+    // Shares pack onto the one card not held outside, never onto card 0.
+    for uid in ["uid-a", "uid-b", "uid-c"] {
+        assert_eq!(card_of(&bind(&mut state, uid, now)), 1, "{uid}");
+    }
+    state.apply_pod(&pod("whole", whole(), 0));
+    assert!(matches!(
+        state.schedule("uid-whole", now),
+        Outcome::Unschedulable { .. }
+    ));
+    // The other scheduler's pod ends: its card is free again.
+    state.apply_group(&group("n1", 2, Timestamp::now()), Timestamp::now());
+    assert!(state.take_capacity_freed());
+    assert_eq!(
+        card_of(&bind(&mut state, "uid-whole", now + Duration::from_secs(5))),
+        0
+    );
+}
+
+#[test]
+fn a_slice_its_agent_fails_is_reported_to_its_pod_once() {
+    let (mut state, _, a) = decided_a(2);
+    let (_, slices) = land(&mut state, &a);
+    let _ = state.take_work();
+    let mut failed = slices[0].clone();
+    failed.status = Some(
+        serde_json::from_value(json!({
+            "phase": "Failed",
+            "message": "the kubelet gave card 0 whole to team/trainer",
+            "conditions": [{"type": "Ready", "status": "False", "reason": "CardHeldWhole",
+                            "message": "the kubelet gave card 0 whole to team/trainer",
+                            "lastTransitionTime": "2026-12-03T00:00:00Z"}],
+        }))
+        .expect("status"),
+    );
+    state.apply_slice(&failed);
+    let work = state.take_work();
+    let reported: Vec<_> = work.failed.values().collect();
+    assert_eq!(reported.len(), 1, "{work:?}");
+    assert_eq!(reported[0].reason, "CardHeldWhole");
+    assert_eq!(reported[0].pod.uid, "uid-a");
+    assert_eq!(reported[0].card, Some(card_of(&a)));
+    // The same failure seen again (a resync, a heartbeat) is not reported again.
+    state.apply_slice(&failed);
+    assert!(state.take_work().failed.is_empty());
 }

@@ -30,6 +30,7 @@ pub const TESTS: &[Test] = tests![
     node_agent_never_gives_a_sliced_card_whole,
     node_agent_writes_only_its_own_node,
     node_agent_enacts_what_the_operator_decides,
+    cards_held_by_another_scheduler_are_never_picked,
 ];
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -1136,6 +1137,137 @@ async fn node_agent_enacts_what_the_operator_decides(ctx: TestContext) -> Result
         // An operator that ended early is the likelier story; say how it ended.
         bail!("{error:#} (the operator: {stopped:?})");
     }
+    stopped.context("the operator did not stop")??;
+    Ok(())
+}
+
+/// Both schedulers on one node: a pod of the default scheduler holds seven cards whole through
+/// the kubelet; the operator, told by the agent, never picks them, and a slice that lands on one
+/// anyway (a decision made before the agent reported) tells its pod what happened and what to do.
+async fn cards_held_by_another_scheduler_are_never_picked(ctx: TestContext) -> Result<()> {
+    let node = AgentNode::start(&ctx, "mixed", "h800-8").await?;
+    let uuids = node.uuids(&ctx).await?;
+    let operator = crate::operator::Operator::start(&ctx, "op-mixed").await?;
+    let outcome = async {
+        let outside = pod(
+            &ctx,
+            "outside",
+            Some(&node.name),
+            json!({"nvidia.com/gpu": "5"}),
+        )
+        .await?;
+        let outside_uid = outside.metadata.uid.clone().unwrap_or_default();
+        let held = node
+            .kubelet
+            .wait_until(WAIT, |view| {
+                view.admissions.get(&outside_uid)?.as_ref().ok()?;
+                Some(view.devices_of(&outside_uid, "nvidia.com/gpu"))
+            })
+            .await
+            .map_err(anyhow::Error::msg)?;
+        ensure!(held.len() == 5, "five cards given whole: {held:?}");
+        // Of the six cards outside MIG mode, one is left.
+        let group = node.group(&ctx).await?;
+        let cards = group.status.unwrap_or_default().cards;
+        let free = cards
+            .iter()
+            .find(|c| !c.mig_enabled && !held.contains(&c.uuid))
+            .context("one card left outside MIG mode")?
+            .index;
+        let held_card = cards
+            .iter()
+            .find(|c| held.contains(&c.uuid))
+            .context("a held card")?
+            .index;
+        node.wait_group(&ctx, "five cards reported held outside", |g| {
+            let cards = &g.status.as_ref()?.cards;
+            let reported = cards
+                .iter()
+                .filter(|c| c.held_by == [format!("{}/outside", ctx.namespace)])
+                .count();
+            (reported == 5).then_some(())
+        })
+        .await?;
+
+        // The runtimekit scheduler's shares all go to the one card not held.
+        for name in ["share-0", "share-1"] {
+            crate::operator::create_pod(
+                &ctx,
+                crate::operator::gpu_pod(name, json!({"aliyun.com/gpu-core": "30"})),
+            )
+            .await?;
+        }
+        let slices = ctx.api::<GpuSlice>();
+        let cards = ctx
+            .wait_for("both shares enacted", Duration::from_secs(60), || async {
+                let list = slices.list(&ListParams::default()).await?.items;
+                let ready: Vec<u32> = list
+                    .iter()
+                    .filter(|s| {
+                        s.status.as_ref().and_then(|st| st.phase) == Some(SlicePhase::Ready)
+                    })
+                    .filter_map(|s| s.spec.card.as_ref().map(|c| c.index))
+                    .collect();
+                Ok((ready.len() == 2).then_some(ready))
+            })
+            .await?;
+        ensure!(
+            cards == [free, free],
+            "shares on card {free} only: {cards:?}"
+        );
+        // A whole card fits nowhere now (the two cards left are in MIG mode).
+        crate::operator::create_pod(
+            &ctx,
+            crate::operator::gpu_pod("whole", json!({"nvidia.com/gpu": "1"})),
+        )
+        .await?;
+        crate::operator::event(&ctx, "reason=FailedScheduling", "0/1 nodes are available").await?;
+
+        // A slice on a held card fails, and its pod hears why and what to do.
+        let mut raced = crate::operator::gpu_pod("raced", json!({"aliyun.com/gpu-core": "30"}));
+        raced["spec"]["nodeName"] = json!(node.name);
+        let raced = crate::operator::create_pod(&ctx, raced).await?;
+        let raced_slice = slice(
+            &ctx,
+            &raced,
+            &node.name,
+            (held_card, &uuids[held_card as usize]),
+            json!({"mode": "TDM", "core": 30}),
+        )
+        .await?
+        .name_any();
+        wait_phase(&ctx, &raced_slice, SlicePhase::Failed).await?;
+        let pods = ctx.api::<Pod>();
+        let condition = ctx
+            .wait_for("the pod's GpuSlicesReady condition", WAIT, || async {
+                let pod = pods.get("raced").await?;
+                let conditions = pod.status.and_then(|s| s.conditions).unwrap_or_default();
+                Ok(conditions
+                    .into_iter()
+                    .find(|c| c.type_ == "GpuSlicesReady" && c.status == "False"))
+            })
+            .await?;
+        let message = condition.message.unwrap_or_default();
+        ensure!(
+            condition.reason.as_deref() == Some("CardHeldWhole")
+                && message.contains(&format!("(card {held_card}) cannot be enacted"))
+                && message.contains("outside")
+                && message.contains("Delete the pod"),
+            "{message}"
+        );
+        crate::operator::event(
+            &ctx,
+            "reason=CardHeldWhole,involvedObject.name=raced",
+            "Delete the pod",
+        )
+        .await?;
+        Ok(())
+    }
+    .await;
+    let released = release_all(&ctx).await;
+    let stopped = tokio::time::timeout(Duration::from_secs(20), operator.stop()).await;
+    outcome?;
+    released?;
     stopped.context("the operator did not stop")??;
     Ok(())
 }

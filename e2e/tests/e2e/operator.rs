@@ -212,6 +212,7 @@ pub(crate) fn nvidia(
         interconnect_group: None,
         nvlink_peers: (0..8).filter(|p| *p != index).collect(),
         mig_instances: vec![],
+        held_by: vec![],
     }
 }
 

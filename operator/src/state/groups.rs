@@ -80,7 +80,33 @@ fn fresh(heartbeat: Option<Timestamp>, now: Timestamp) -> bool {
     heartbeat.is_some_and(|t| now.as_second().saturating_sub(t.as_second()) <= stale_after)
 }
 
+/// The engine's name for whatever holds a node's cards outside the runtimekit scheduler: one
+/// holder per node, with one whole-card hold per card its agent reports held.
+fn outside_holder(node: &str) -> String {
+    format!("outside-the-scheduler:{node}")
+}
+
 impl State {
+    /// Holds, whole, the cards of `node` its agent reports given whole to pods of another
+    /// scheduler, so no decision picks them; cards no longer held are released.
+    fn hold_outside(&mut self, node: &str, cards: &[CardStatus]) {
+        let holder = outside_holder(node);
+        if self.engine.release(&holder) {
+            self.capacity_freed = true;
+        }
+        for card in cards.iter().filter(|c| !c.held_by.is_empty()) {
+            self.engine.upsert_slice(placement::SliceInput {
+                pod_uid: holder.clone(),
+                container: "held-whole".into(),
+                replica: card.index,
+                node: node.to_owned(),
+                card_index: card.index,
+                card_uuid: card.uuid.clone(),
+                share: placement::Share::Whole,
+            });
+        }
+    }
+
     /// Applies a TopologyGroup: a node-tier group carries the node's cards, NICs and heartbeat;
     /// an administrator's higher-tier group places its members.
     pub fn apply_group(&mut self, group: &TopologyGroup, now: Timestamp) {
@@ -108,6 +134,7 @@ impl State {
                 .is_none_or(|g| g.devices != devices)
             {
                 self.engine.set_devices(&node, &cards, &nics);
+                self.hold_outside(&node, &status.cards);
             }
             let heartbeat = status.heartbeat_time.map(|t| t.0);
             let reporting = fresh(heartbeat, now);
@@ -163,6 +190,7 @@ impl State {
         self.derived_groups.remove(name);
         if let Some(group) = self.node_groups.remove(name) {
             self.engine.set_devices(&group.node, &[], &[]);
+            self.engine.release(&outside_holder(&group.node));
             self.engine.set_agent_reporting(&group.node, false);
         }
         if self.applied_groups.remove(name).is_some() {

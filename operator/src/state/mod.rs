@@ -99,6 +99,21 @@ pub struct Work {
     /// Slices whose finalizer the operator removes itself, because no agent will: their node is
     /// gone, or their pod was never bound so nothing was enacted (namespace, name).
     pub unfinalize: BTreeSet<(String, String)>,
+    /// Slices whose node agent just reported them Failed, to tell their pods (namespace, name).
+    pub failed: BTreeMap<(String, String), SliceFailure>,
+}
+
+/// A slice its node agent could not enact, as its pod is told.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SliceFailure {
+    /// The pod the slice is for.
+    pub pod: runtimekit_crds::PodRef,
+    /// The card it names.
+    pub card: Option<u32>,
+    /// The agent's reason, for example `CardHeldWhole`.
+    pub reason: String,
+    /// The agent's message.
+    pub message: String,
 }
 
 /// Where a decided pod's writes stand. A pod stays in flight from its decision until the watch

@@ -125,6 +125,8 @@ pub struct SliceRecord {
     pub input: Option<placement::SliceInput>,
     /// The RDMA NICs it records for its container.
     pub nics: Vec<String>,
+    /// Whether its node agent reports it Failed.
+    pub failed: bool,
 }
 
 /// A copy of a pending pod with what scheduling never reads removed (managed fields, container

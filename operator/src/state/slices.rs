@@ -1,8 +1,10 @@
 //! GpuSlices as the watch delivers them: each slice holds its card until the object is gone.
 
-use super::{Feed, Now, RESTORE_GRACE, SliceRecord, State, namespaced_key, split_key};
+use super::{
+    Feed, Now, RESTORE_GRACE, SliceFailure, SliceRecord, State, namespaced_key, split_key,
+};
 use kube::ResourceExt;
-use runtimekit_crds::{GpuSlice, SLICE_FINALIZER};
+use runtimekit_crds::{CONDITION_READY, GpuSlice, SLICE_FINALIZER, SlicePhase};
 use runtimekit_placement as placement;
 use std::time::Instant;
 
@@ -61,6 +63,7 @@ impl State {
             finalized: slice.finalizers().iter().any(|f| f == SLICE_FINALIZER),
             input: None,
             nics: slice.spec.nics.clone(),
+            failed: false,
         };
         // A bound pod's allocation decides its cards: a slice that disagrees with it is released
         // (by `settle_recorded`) rather than counted.
@@ -99,6 +102,24 @@ impl State {
                 .is_some_and(|n| !self.nodes.contains_key(n))
         {
             self.work.unfinalize.insert(key.clone());
+        }
+        let failure = failure_of(slice);
+        record.failed = failure.is_some();
+        let failed_before = self.slices.get(&key).is_some_and(|s| s.failed);
+        if let Some((reason, message)) = failure
+            && !failed_before
+            && !record.deleting
+            && pod_alive
+        {
+            self.work.failed.insert(
+                key.clone(),
+                SliceFailure {
+                    pod: slice.spec.pod.clone(),
+                    card: slice.spec.card.as_ref().map(|c| c.index),
+                    reason,
+                    message,
+                },
+            );
         }
         self.slices_by_pod
             .entry(record.pod_uid.clone())
@@ -142,4 +163,23 @@ impl State {
     pub fn slice_keys(&self) -> Vec<(String, String)> {
         self.slices.keys().cloned().collect()
     }
+}
+
+/// The agent's reason and message when it reports `slice` Failed.
+fn failure_of(slice: &GpuSlice) -> Option<(String, String)> {
+    let status = slice.status.as_ref()?;
+    if status.phase != Some(SlicePhase::Failed) {
+        return None;
+    }
+    let ready = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == CONDITION_READY);
+    let reason = ready.map_or("Failed", |c| c.reason.as_str()).to_owned();
+    let message = status
+        .message
+        .clone()
+        .or_else(|| ready.map(|c| c.message.clone()))
+        .unwrap_or_default();
+    Some((reason, message))
 }

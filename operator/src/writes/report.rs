@@ -1,5 +1,6 @@
 //! Telling users what happened: Events, and the PodScheduled condition kube-scheduler also sets.
 
+use crate::state::SliceFailure;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use k8s_openapi::api::events::v1::{Event as K8sEvent, EventSeries};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
@@ -196,6 +197,58 @@ impl Correlator {
         };
         self.recent.insert(key, published);
         Ok(())
+    }
+}
+
+/// The pod condition a slice failure sets: the pod's cards could not all be enacted.
+pub const SLICES_READY: &str = "GpuSlicesReady";
+
+impl Reports {
+    /// Tells the pod of a slice its node agent could not enact what happened and what to do: a
+    /// Warning Event with the agent's reason, and the condition `GpuSlicesReady=False`.
+    pub async fn slice_failed(&self, slice: &str, failure: &SliceFailure) {
+        let pod = &failure.pod;
+        let card = failure
+            .card
+            .map_or_else(String::new, |c| format!(" (card {c})"));
+        let message = format!(
+            "GpuSlice {slice}{card} cannot be enacted: {}. Container {} will not get this card. \
+             Delete the pod: its owner recreates it and the scheduler places it again, away from \
+             cards held outside it.",
+            failure.message.trim_end_matches('.'),
+            pod.container
+        );
+        let reference = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            namespace: Some(pod.namespace.clone()),
+            name: Some(pod.name.clone()),
+            uid: Some(pod.uid.clone()),
+            ..ObjectReference::default()
+        };
+        self.event(&reference, true, &failure.reason, "Enact", &message)
+            .await;
+        let patch = serde_json::json!({
+            "metadata": {"uid": pod.uid},
+            "status": {"conditions": [{
+                "type": SLICES_READY,
+                "status": "False",
+                "reason": failure.reason,
+                "message": cut(&message),
+                "lastTransitionTime": Timestamp::now().to_string(),
+            }]}
+        });
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
+        if let Err(error) = api
+            .patch_status(
+                &pod.name,
+                &PatchParams::default(),
+                &Patch::Strategic(&patch),
+            )
+            .await
+        {
+            tracing::debug!(%error, pod = %pod.name, "could not set GpuSlicesReady=False");
+        }
     }
 }
 
