@@ -262,6 +262,15 @@ async fn every_resource_registers_with_its_devices() {
         let slices = &view.plugins["aliyun.com/gpu-slice"];
         assert_eq!(slices.devices[0].id, format!("{}::0", node.uuids[6]));
         assert_eq!(slices.devices[13].id, format!("{}::6", node.uuids[7]));
+        // Only the socket's owner (root on a node: the kubelet) may connect to a plugin.
+        for (resource, _) in expected {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(node.plugin_socket(resource))
+                .expect("socket")
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o600, "{resource}: {mode:o}");
+        }
     })
     .await;
 }

@@ -34,6 +34,6 @@ pub use client::{connect, connect_lazy, fault_client, resource_client};
 pub use error::{LayerError, reason_of};
 pub use nvml::{NvmlBackend, NvmlOptions};
 pub use reason::{Reason, UnknownReason};
-pub use server::{ServeError, ServeOptions, ServerHandle, serve};
+pub use server::{ServeError, ServeOptions, ServerHandle, listen_private, serve};
 pub use sim::{SimOptions, SimProfile, SimulatedBackend};
 pub use util::Clock;

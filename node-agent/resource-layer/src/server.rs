@@ -428,7 +428,19 @@ fn bind(path: &Path) -> Result<UnixListener, ServeError> {
         }
         std::fs::remove_file(path).map_err(err)?;
     }
-    UnixListener::bind(path).map_err(err)
+    listen_private(path).map_err(err)
+}
+
+/// Binds a unix socket only its owner may connect to (mode 0600): whoever reaches the resource
+/// layer or a device plugin can create instances or claim cards, and on a node that is root
+/// (the agent, the kubelet). The mode is set right after the bind, before any connection is
+/// accepted; the directory the socket lives in should be root's (as the kubelet's and
+/// `/run/runtimekit` are).
+pub fn listen_private(path: &Path) -> std::io::Result<UnixListener> {
+    use std::os::unix::fs::PermissionsExt;
+    let listener = UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(listener)
 }
 
 /// Serves a backend on a unix socket inside the current tokio runtime and returns at once;

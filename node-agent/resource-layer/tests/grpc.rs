@@ -385,6 +385,15 @@ async fn many_servers_in_one_process_and_socket_hygiene() {
         uuids.sort();
         uuids.dedup();
         assert_eq!((total, uuids.len()), (96, 96));
+        // Only the socket's owner may connect: whoever reaches it can create instances.
+        for server in &servers {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(server.socket_path())
+                .expect("socket")
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o600, "{mode:o}");
+        }
 
         // A live socket is not taken over.
         let taken = servers[0].socket_path().to_path_buf();

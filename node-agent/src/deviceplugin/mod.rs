@@ -17,7 +17,6 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::UnixListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::UnixListenerStream;
@@ -199,7 +198,7 @@ fn serve(dir: &Path, mut service: PluginService) -> std::io::Result<Served> {
     if std::fs::symlink_metadata(&socket).is_ok() {
         std::fs::remove_file(&socket)?;
     }
-    let listener = UnixListener::bind(&socket)?;
+    let listener = runtimekit_resource_layer::listen_private(&socket)?;
     let (stop, stopped) = watch::channel(false);
     service.stop = stopped.clone();
     let mut shutdown = stopped;
