@@ -730,3 +730,33 @@ fn a_slice_its_agent_fails_is_reported_to_its_pod_once() {
     state.apply_slice(&failed);
     assert!(state.take_work().failed.is_empty());
 }
+
+#[test]
+fn a_slice_being_released_seen_before_its_node_keeps_its_finalizer() {
+    let (mut state, _, a) = decided_a(2);
+    let (pod, slices) = land(&mut state, &a);
+    let mut releasing = slices[0].clone();
+    releasing.metadata.finalizers = Some(vec![runtimekit_crds::SLICE_FINALIZER.into()]);
+    releasing.metadata.deletion_timestamp = Some(
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::now()),
+    );
+
+    // A starting operator whose slice watch delivers before its node watch.
+    let mut starting = State::new(RuntimeKitConfig::default());
+    starting.apply_pod(&pod);
+    starting.apply_slice(&releasing);
+    starting.apply_node(&node("n1"));
+    starting.apply_group(&group("n1", 2, Timestamp::now()), Timestamp::now());
+    starting.pods_synced();
+    assert!(
+        starting.take_work().unfinalize.is_empty(),
+        "the agent of n1 finalizes it once the instance is gone"
+    );
+
+    // Its node really gone: nobody else will.
+    let mut orphaned = State::new(RuntimeKitConfig::default());
+    orphaned.apply_pod(&pod);
+    orphaned.apply_slice(&releasing);
+    orphaned.pods_synced();
+    assert_eq!(orphaned.take_work().unfinalize.len(), 1);
+}

@@ -63,6 +63,24 @@ impl State {
             self.capacity_freed = true;
             self.engine.upsert_node(info.clone());
         }
+        // A slice seen before its node (a starting operator's watches race) was taken for one
+        // whose node is gone: its agent finalizes it after all, once it has destroyed what it
+        // enacted. Only slices of pods never bound stay the operator's to finalize.
+        let agents: Vec<(String, String)> = self
+            .work
+            .unfinalize
+            .iter()
+            .filter(|key| {
+                self.slices.get(*key).is_some_and(|s| {
+                    s.node.as_deref() == Some(name.as_str())
+                        && self.pods.get(&s.pod_uid).is_none_or(|p| p.node.is_some())
+                })
+            })
+            .cloned()
+            .collect();
+        for key in agents {
+            self.work.unfinalize.remove(&key);
+        }
         self.nodes.insert(name, info);
     }
 
