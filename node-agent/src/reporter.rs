@@ -80,7 +80,7 @@ impl Reporter {
         loop {
             let state = self.state.borrow_and_update().clone();
             if !created {
-                match self.create(&groups).await {
+                match self.create(&groups, &nodes).await {
                     Ok(g) => {
                         created = true;
                         generation = g;
@@ -159,12 +159,25 @@ impl Reporter {
     }
 
     /// Creates the TopologyGroup (tier Node, named after the node) with server-side apply, so
-    /// fields the operator sets (its parent) are left alone; returns its generation.
-    async fn create(&self, groups: &Api<TopologyGroup>) -> Result<Option<i64>, kube::Error> {
+    /// fields the operator sets (its parent) are left alone; returns its generation. The Node
+    /// owns it, so deleting the node deletes its group (the garbage collector does, even with no
+    /// agent or operator running).
+    async fn create(
+        &self,
+        groups: &Api<TopologyGroup>,
+        nodes: &Api<Node>,
+    ) -> Result<Option<i64>, kube::Error> {
+        let node = nodes.get(&self.node).await?;
         let group = serde_json::json!({
             "apiVersion": "runtimekit.aliyun.com/v1alpha1",
             "kind": "TopologyGroup",
-            "metadata": {"name": self.node},
+            "metadata": {
+                "name": self.node,
+                "ownerReferences": [{
+                    "apiVersion": "v1", "kind": "Node", "name": self.node,
+                    "uid": node.metadata.uid.unwrap_or_default(),
+                }],
+            },
             "spec": {"tier": "Node", "nodeName": self.node},
         });
         let applied = groups

@@ -1,4 +1,4 @@
-//! What a test does with the shared control plane: restart its kube-apiserver, and connect as
+//! What a test does with the shared control plane: restart its kube-apiserver or etcd, and connect as
 //! another user (a client certificate from the cluster's PKI, or a bearer token).
 
 use super::context::TestContext;
@@ -20,7 +20,17 @@ impl TestContext {
 
     /// Stops the kube-apiserver for `down_for`, starts it again and waits until it is ready.
     pub async fn restart_apiserver(&self, down_for: Duration) -> Result<()> {
-        let stopped = self.with_cluster(|cluster| cluster.stop_component("kube-apiserver"))?;
+        self.restart("kube-apiserver", down_for).await
+    }
+
+    /// Stops etcd for `down_for` (the apiserver stays up and fails its requests), starts it again
+    /// on the same data and waits until the apiserver is ready on it.
+    pub async fn restart_etcd(&self, down_for: Duration) -> Result<()> {
+        self.restart("etcd", down_for).await
+    }
+
+    async fn restart(&self, component: &str, down_for: Duration) -> Result<()> {
+        let stopped = self.with_cluster(|cluster| cluster.stop_component(component))?;
         tokio::time::sleep(down_for).await;
         self.with_cluster(|cluster| cluster.start_again(stopped))?;
         self.wait_for(

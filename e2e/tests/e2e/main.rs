@@ -3,6 +3,7 @@
 //! a test fails or the run is interrupted.
 
 mod control_plane;
+mod faults;
 mod gangs;
 mod node_agent;
 mod operator;
@@ -20,6 +21,7 @@ fn tests() -> Vec<Test> {
         operator::TESTS,
         gangs::TESTS,
         trust::TESTS,
+        faults::TESTS,
         node_agent::TESTS,
     ]
     .concat()
