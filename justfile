@@ -11,8 +11,8 @@ default:
 demo:
     cargo run --quiet -p runtimekit-operator -- check contract/tests/seeds
 
-# The whole test suite, as CI runs it: formatting, lints, unit, property, CRD drift and end-to-end tests.
-test: fmt-check lint unit
+# The whole test suite, as CI runs it: formatting, lints, unit, property, CRD drift and end-to-end tests, then a 2-minute soak.
+test: fmt-check lint unit soak-check
 
 # Check formatting.
 fmt-check:
@@ -62,6 +62,16 @@ build-tools:
 # Placement engine benchmark: decisions/s while 500 and 5,000 nodes fill, gangs, memory per card (table, then JSON).
 bench-engine:
     cargo bench --locked -p runtimekit-placement --bench engine
+
+# Churn the operator on 1,000 kwok nodes (default 50 pods/s for 30 min; for example `just soak --rate 20 --minutes 5`): invariants every minute, operator RSS, capacity back at the end.
+soak *args:
+    cargo build --quiet --locked --release -p runtimekit-operator -p runtimekit-e2e --bin runtimekit-operator --bin soak
+    target/release/soak {{args}}
+
+# The soak as CI runs it: 2 minutes at 25 pods/s, on the test build (no release build needed).
+soak-check:
+    cargo build --quiet --locked -p runtimekit-operator -p runtimekit-e2e --bin runtimekit-operator --bin soak
+    target/debug/soak --minutes 2 --rate 25
 
 # Scheduler benchmark against kube-scheduler on a real control plane with 1,000 kwok nodes (table, then JSON).
 bench-scheduler:

@@ -3,6 +3,7 @@
 
 pub mod cluster;
 pub mod harness;
+pub mod load;
 pub mod pki;
 pub mod tools;
 

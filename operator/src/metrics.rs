@@ -56,6 +56,8 @@ pub struct Metrics {
     pub binding_seconds: Histogram,
     /// Pods waiting to be scheduled.
     pub queue_depth: Gauge,
+    /// Pods the placement engine holds capacity for.
+    pub holding_pods: Gauge,
     gangs: Family<PhaseLabels, Gauge>,
     ready: AtomicBool,
 }
@@ -94,6 +96,12 @@ impl Metrics {
             "Pods waiting to be scheduled",
             queue_depth.clone(),
         );
+        let holding_pods = Gauge::default();
+        registry.register(
+            "holding_pods",
+            "Pods the placement engine holds capacity for (allocations, usage or reservations); 0 when nothing runs",
+            holding_pods.clone(),
+        );
         let gangs = Family::<PhaseLabels, Gauge>::default();
         registry.register("gangs", "GangGroups by phase", gangs.clone());
         // Every phase is served from the start, at 0 until the gang controller counts.
@@ -111,6 +119,7 @@ impl Metrics {
             create_to_bound_seconds,
             binding_seconds,
             queue_depth,
+            holding_pods,
             gangs,
             ready: AtomicBool::new(false),
         }

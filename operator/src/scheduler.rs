@@ -39,6 +39,10 @@ pub async fn run(shared: Arc<Shared>, client: Client, reports: Reports) {
                 .metrics
                 .queue_depth
                 .set(i64::try_from(state.pending_count()).unwrap_or(i64::MAX));
+            shared
+                .metrics
+                .holding_pods
+                .set(i64::try_from(state.holding_count()).unwrap_or(i64::MAX));
             (batch, state.next_retry())
         };
         for uid in batch {

@@ -10,26 +10,26 @@
 
 use anyhow::{Context, Result, bail};
 use futures::{StreamExt, TryStreamExt, stream};
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
-use runtimekit_crds::{GpuSlice, TopologyGroup};
 use runtimekit_e2e::cluster::{Cluster, ClusterOptions};
+use runtimekit_e2e::load::{
+    CARDS, Fleet, namespace, rss_mib, start_operator, tear_down_released, wait_operator_ready,
+};
 use serde_json::json;
 use std::collections::HashMap;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const NODES: usize = 1000;
-const CARDS: u32 = 8;
+/// Writes in flight at once in the bursts and the Binding ceiling.
+const CONCURRENCY: usize = 64;
 const PODS: usize = 5000;
 const STEADY_RATE: u64 = 100;
 const STEADY_SECONDS: u64 = 20;
-const CONCURRENCY: usize = 64;
 /// Our scheduler's name.
 const OURS: &str = "lj-runtimekit-scheduler";
 
@@ -66,10 +66,15 @@ async fn bench(cluster: &Cluster) -> Result<()> {
         bail!("installing the RuntimeClass failed");
     }
     eprintln!("creating {NODES} nodes of {CARDS} cards");
-    create_nodes(&client).await?;
-    let heartbeats = tokio::spawn(heartbeat(client.clone()));
-    let (mut operator, operator_listen) = start_operator(cluster)?;
-    wait_operator_ready(&client).await?;
+    let fleet = Fleet {
+        prefix: "bench".into(),
+        nodes: NODES,
+        mig_cards: 0,
+    };
+    fleet.create(&client).await?;
+    let heartbeats = tokio::spawn(fleet.heartbeat(client.clone()));
+    let (mut operator, operator_listen) = start_operator(cluster, "bench")?;
+    wait_operator_ready(&client, "bench").await?;
     let processes = Processes::of(cluster, &operator)?;
 
     // BENCH_RUNS (for example `ours,steady`) picks runs; all run by default.
@@ -132,8 +137,8 @@ async fn bench(cluster: &Cluster) -> Result<()> {
         Run::default()
     };
 
-    let ours_rss = peak_rss_mib(i32::try_from(operator.id())?)?;
-    let kube_rss = peak_rss_mib(
+    let ours_rss = peak_rss(i32::try_from(operator.id())?)?;
+    let kube_rss = peak_rss(
         cluster
             .pid("kube-scheduler")
             .context("kube-scheduler pid")?,
@@ -270,98 +275,6 @@ fn cpu_since(before: &[(String, f64)], after: &[(String, f64)]) -> Vec<(String, 
         .collect()
 }
 
-async fn create_nodes(client: &Client) -> Result<()> {
-    let nodes: Api<Node> = Api::all(client.clone());
-    let groups: Api<TopologyGroup> = Api::all(client.clone());
-    let params = PatchParams::apply("bench-agent").force();
-    stream::iter(0..NODES)
-        .map(|i| {
-            let (nodes, groups, params) = (nodes.clone(), groups.clone(), params.clone());
-            async move {
-                let name = format!("bench-{i:04}");
-                let node: Node = serde_json::from_value(json!({
-                    "apiVersion": "v1", "kind": "Node",
-                    "metadata": {"name": name, "labels": {"lj_runtimekit_enable": "true", "type": "kwok", "kubernetes.io/hostname": name},
-                                 "annotations": {runtimekit_e2e::harness::KWOK_ANNOTATION: "fake"}},
-                    "status": {"capacity": capacity(), "allocatable": capacity()},
-                }))?;
-                nodes.create(&PostParams::default(), &node).await?;
-                let group = json!({"apiVersion": "runtimekit.aliyun.com/v1alpha1", "kind": "TopologyGroup", "metadata": {"name": name}, "spec": {"tier": "Node", "nodeName": name}});
-                groups.patch(&name, &params, &Patch::Apply(&group)).await?;
-                let cards: Vec<serde_json::Value> = (0..CARDS)
-                    .map(|c| json!({"index": c, "uuid": format!("GPU-{name}-{c}"), "vendor": "Nvidia", "model": "NVIDIA H800", "memoryMib": 81920,
-                                    "migCapable": true, "health": "Healthy", "pcieSwitch": format!("sw{}", c / 2), "numaNode": c / 4, "socket": c / 4}))
-                    .collect();
-                let status = json!({"apiVersion": "runtimekit.aliyun.com/v1alpha1", "kind": "TopologyGroup", "status": {"cards": cards, "heartbeatTime": Time(Timestamp::now())}});
-                groups.patch_status(&name, &params, &Patch::Apply(&status)).await?;
-                Ok::<(), anyhow::Error>(())
-            }
-        })
-        .buffer_unordered(CONCURRENCY)
-        .try_collect::<Vec<()>>()
-        .await?;
-    Ok(())
-}
-
-/// Plays the node agents' heartbeat (every 30 s, a merge patch of the one field, as agents do),
-/// so their cards stay offered.
-async fn heartbeat(client: Client) {
-    let groups: Api<TopologyGroup> = Api::all(client);
-    let params = PatchParams {
-        field_manager: Some("bench-heartbeat".into()),
-        ..PatchParams::default()
-    };
-    loop {
-        tokio::time::sleep(Duration::from_secs(30)).await;
-        stream::iter(0..NODES)
-            .map(|i| {
-                let (groups, params) = (groups.clone(), params.clone());
-                async move {
-                    let name = format!("bench-{i:04}");
-                    let status = json!({"status": {"heartbeatTime": Time(Timestamp::now())}});
-                    let _ = groups
-                        .patch_status(&name, &params, &Patch::Merge(&status))
-                        .await;
-                }
-            })
-            .buffer_unordered(8)
-            .collect::<Vec<()>>()
-            .await;
-    }
-}
-
-fn capacity() -> serde_json::Value {
-    json!({"cpu": "128", "memory": "1Ti", "pods": "110", "nvidia.com/gpu": CARDS.to_string()})
-}
-
-fn start_operator(cluster: &Cluster) -> Result<(Child, std::net::SocketAddr)> {
-    let exe = std::env::current_exe()?.with_file_name("runtimekit-operator");
-    if !exe.exists() {
-        bail!(
-            "{} is missing; build it with `cargo build --release -p runtimekit-operator`",
-            exe.display()
-        );
-    }
-    let log = std::fs::File::create(cluster.dir.join("logs/operator.log"))?;
-    let listen = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
-    let child = Command::new(exe)
-        .args([
-            "run",
-            "--identity",
-            "bench",
-            "--namespace",
-            "default",
-            "--listen",
-            &listen.to_string(),
-        ])
-        .env("KUBECONFIG", &cluster.kubeconfig)
-        .env("RUST_LOG", "warn")
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        .spawn()?;
-    Ok((child, listen))
-}
-
 /// The operator's own view of its work: the sums and counts of its latency histograms.
 fn operator_metrics(listen: std::net::SocketAddr) -> Vec<String> {
     let body = runtimekit_e2e::tools::http_get(listen, "/metrics").unwrap_or_default();
@@ -374,37 +287,12 @@ fn operator_metrics(listen: std::net::SocketAddr) -> Vec<String> {
         .collect()
 }
 
-/// Waits until the operator holds the Lease (it starts scheduling right after).
-async fn wait_operator_ready(client: &Client) -> Result<()> {
-    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
-        Api::namespaced(client.clone(), "default");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while Instant::now() < deadline {
-        if let Some(lease) = leases.get_opt("lj-runtimekit-scheduler").await?
-            && lease.spec.and_then(|s| s.holder_identity).as_deref() == Some("bench")
-        {
-            tokio::time::sleep(Duration::from_secs(2)).await;
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    bail!("the operator did not take the lease")
-}
-
 fn pod(name: &str, scheduler: &str, limits: &serde_json::Value) -> Result<Pod> {
     Ok(serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
         "spec": {"schedulerName": scheduler, "runtimeClassName": "lj-runtime", "terminationGracePeriodSeconds": 0,
                  "containers": [{"name": "app", "image": "busybox", "resources": {"limits": limits}}]}
     }))?)
-}
-
-async fn namespace(client: &Client, name: &str) -> Result<()> {
-    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}}))?;
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &ns)
-        .await?;
-    Ok(())
 }
 
 /// Records when each pod of a namespace was first seen bound.
@@ -655,38 +543,16 @@ async fn cleanup(client: &Client, ns: &str) -> Result<()> {
     Api::<Namespace>::all(client.clone())
         .delete(ns, &DeleteParams::background())
         .await?;
-    let slices: Api<GpuSlice> = Api::namespaced(client.clone(), ns);
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let deadline = Instant::now() + Duration::from_secs(300);
     loop {
-        let remaining_slices = slices.list(&ListParams::default()).await?.items;
-        stream::iter(
-            remaining_slices
-                .iter()
-                .filter(|s| s.metadata.deletion_timestamp.is_some()),
-        )
-        .map(|s| {
-            let slices = slices.clone();
-            async move {
-                let patch = json!({"metadata": {"finalizers": null}});
-                let _ = slices
-                    .patch(
-                        &s.name_any(),
-                        &PatchParams::default(),
-                        &Patch::Merge(&patch),
-                    )
-                    .await;
-            }
-        })
-        .buffer_unordered(CONCURRENCY)
-        .collect::<Vec<()>>()
-        .await;
+        let remaining_slices = tear_down_released(client, ns).await?;
         let left = pods
             .list(&ListParams::default().limit(1))
             .await?
             .items
             .len()
-            + remaining_slices.len();
+            + remaining_slices;
         let gone = Api::<Namespace>::all(client.clone())
             .get_opt(ns)
             .await?
@@ -701,13 +567,6 @@ async fn cleanup(client: &Client, ns: &str) -> Result<()> {
     }
 }
 
-fn peak_rss_mib(pid: i32) -> Result<f64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let kib: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .context("VmHWM")?;
-    Ok(kib / 1024.0)
+fn peak_rss(pid: i32) -> Result<f64> {
+    Ok(rss_mib(pid)?.1)
 }

@@ -119,6 +119,11 @@ impl State {
         self.pending.len()
     }
 
+    /// How many pods the engine holds capacity for.
+    pub fn holding_count(&self) -> usize {
+        self.engine.pod_count()
+    }
+
     /// Pending pods (not in flight, not gang members) whose backoff has passed, oldest first.
     pub fn ready(&self, now: Instant, limit: usize) -> Vec<String> {
         self.pending()

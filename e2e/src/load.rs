@@ -1,0 +1,236 @@
+//! What the load tools (`bench-scheduler`, `soak`) share: a fleet of kwok GPU nodes whose
+//! node agents they play (TopologyGroups and heartbeats), the operator as its own process, and
+//! readings of a process's memory.
+
+use anyhow::{Context, Result, bail};
+use futures::{StreamExt, TryStreamExt, stream};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Namespace, Node};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use runtimekit_crds::{GpuSlice, TopologyGroup};
+use serde_json::json;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use crate::cluster::Cluster;
+
+/// How many node writes run at once while a fleet is created.
+const CONCURRENCY: usize = 64;
+
+/// A fleet of kwok nodes of eight H800 cards each, named `<prefix>-0000` on.
+#[derive(Debug, Clone)]
+pub struct Fleet {
+    /// Name prefix of the nodes.
+    pub prefix: String,
+    /// How many nodes.
+    pub nodes: usize,
+    /// How many of each node's eight cards are in MIG mode (the last ones).
+    pub mig_cards: u32,
+}
+
+/// Cards per fleet node.
+pub const CARDS: u32 = 8;
+
+impl Fleet {
+    /// The name of node `i`.
+    pub fn node(&self, i: usize) -> String {
+        format!("{}-{i:04}", self.prefix)
+    }
+
+    /// Creates the nodes and, as their agents would, their TopologyGroups with the cards.
+    pub async fn create(&self, client: &Client) -> Result<()> {
+        let nodes: Api<Node> = Api::all(client.clone());
+        let groups: Api<TopologyGroup> = Api::all(client.clone());
+        let params = PatchParams::apply("load-agent").force();
+        stream::iter(0..self.nodes)
+            .map(|i| {
+                let (nodes, groups, params) = (nodes.clone(), groups.clone(), params.clone());
+                let name = self.node(i);
+                let mig_from = CARDS - self.mig_cards;
+                async move {
+                    let node: Node = serde_json::from_value(json!({
+                        "apiVersion": "v1", "kind": "Node",
+                        "metadata": {"name": name, "labels": {"lj_runtimekit_enable": "true", "type": "kwok", "kubernetes.io/hostname": name},
+                                     "annotations": {crate::harness::KWOK_ANNOTATION: "fake"}},
+                        "status": {"capacity": capacity(), "allocatable": capacity()},
+                    }))?;
+                    nodes.create(&PostParams::default(), &node).await?;
+                    let group = json!({"apiVersion": "runtimekit.aliyun.com/v1alpha1", "kind": "TopologyGroup", "metadata": {"name": name}, "spec": {"tier": "Node", "nodeName": name}});
+                    groups.patch(&name, &params, &Patch::Apply(&group)).await?;
+                    let cards: Vec<serde_json::Value> = (0..CARDS)
+                        .map(|c| json!({"index": c, "uuid": format!("GPU-{name}-{c}"), "vendor": "Nvidia", "model": "NVIDIA H800", "memoryMib": 81920,
+                                        "migCapable": true, "migEnabled": c >= mig_from, "health": "Healthy",
+                                        "pcieSwitch": format!("sw{}", c / 2), "numaNode": c / 4, "socket": c / 4}))
+                        .collect();
+                    let status = json!({"apiVersion": "runtimekit.aliyun.com/v1alpha1", "kind": "TopologyGroup", "status": {"cards": cards, "heartbeatTime": Time(Timestamp::now())}});
+                    groups.patch_status(&name, &params, &Patch::Apply(&status)).await?;
+                    Ok::<(), anyhow::Error>(())
+                }
+            })
+            .buffer_unordered(CONCURRENCY)
+            .try_collect::<Vec<()>>()
+            .await?;
+        Ok(())
+    }
+
+    /// Plays the agents' heartbeat (every 30 s, a merge patch of the one field, as agents do),
+    /// so their cards stay offered; runs until dropped.
+    pub async fn heartbeat(self, client: Client) {
+        let groups: Api<TopologyGroup> = Api::all(client);
+        let params = PatchParams {
+            field_manager: Some("load-heartbeat".into()),
+            ..PatchParams::default()
+        };
+        loop {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            stream::iter(0..self.nodes)
+                .map(|i| {
+                    let (groups, params) = (groups.clone(), params.clone());
+                    let name = self.node(i);
+                    async move {
+                        let status = json!({"status": {"heartbeatTime": Time(Timestamp::now())}});
+                        let _ = groups
+                            .patch_status(&name, &params, &Patch::Merge(&status))
+                            .await;
+                    }
+                })
+                .buffer_unordered(8)
+                .collect::<Vec<()>>()
+                .await;
+        }
+    }
+}
+
+fn capacity() -> serde_json::Value {
+    json!({"cpu": "128", "memory": "1Ti", "pods": "110", "nvidia.com/gpu": CARDS.to_string()})
+}
+
+/// Plays the node agents' part once: removes the finalizer of every released slice in `ns`, as
+/// an agent does once it has torn the slice down. Returns how many slices were there.
+pub async fn tear_down_released(client: &Client, ns: &str) -> Result<usize> {
+    let slices: Api<GpuSlice> = Api::namespaced(client.clone(), ns);
+    let all = slices.list(&ListParams::default()).await?.items;
+    let released: Vec<String> = all
+        .iter()
+        .filter(|s| s.metadata.deletion_timestamp.is_some())
+        .map(|s| s.name_any())
+        .collect();
+    stream::iter(released)
+        .map(|name| {
+            let slices = slices.clone();
+            async move {
+                let patch = json!({"metadata": {"finalizers": null}});
+                let _ = slices
+                    .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await;
+            }
+        })
+        .buffer_unordered(CONCURRENCY)
+        .collect::<Vec<()>>()
+        .await;
+    Ok(all.len())
+}
+
+/// Plays the node agents' part as they do, from a watch: removes the finalizer of each slice in
+/// `ns` as soon as it is released. Runs until dropped.
+pub async fn tear_down_as_released(client: Client, ns: String) {
+    let slices: Api<GpuSlice> = Api::namespaced(client, &ns);
+    let events = watcher(slices.clone(), watcher::Config::default()).applied_objects();
+    events
+        .filter_map(|event| async move { event.ok() })
+        .filter(|slice| {
+            let released =
+                slice.metadata.deletion_timestamp.is_some() && !slice.finalizers().is_empty();
+            async move { released }
+        })
+        .map(|slice| {
+            let slices = slices.clone();
+            async move {
+                let patch = json!({"metadata": {"finalizers": null}});
+                let _ = slices
+                    .patch(
+                        &slice.name_any(),
+                        &PatchParams::default(),
+                        &Patch::Merge(&patch),
+                    )
+                    .await;
+            }
+        })
+        .buffer_unordered(CONCURRENCY)
+        .for_each(|()| async {})
+        .await;
+}
+
+/// Starts the operator binary that sits beside the running one (same build profile) as
+/// `identity`, leading in namespace `default`, logging to the cluster's log directory.
+pub fn start_operator(cluster: &Cluster, identity: &str) -> Result<(Child, std::net::SocketAddr)> {
+    let exe = std::env::current_exe()?.with_file_name("runtimekit-operator");
+    if !exe.exists() {
+        bail!(
+            "{} is missing; build it with `cargo build -p runtimekit-operator` (the same profile as this tool)",
+            exe.display()
+        );
+    }
+    let log = std::fs::File::create(cluster.dir.join("logs/operator.log"))?;
+    let listen = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let child = Command::new(exe)
+        .args([
+            "run",
+            "--identity",
+            identity,
+            "--namespace",
+            "default",
+            "--listen",
+            &listen.to_string(),
+        ])
+        .env("KUBECONFIG", &cluster.kubeconfig)
+        .env("RUST_LOG", "warn")
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()?;
+    Ok((child, listen))
+}
+
+/// Waits until the operator `identity` holds the Lease (it starts scheduling right after).
+pub async fn wait_operator_ready(client: &Client, identity: &str) -> Result<()> {
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        if let Some(lease) = leases.get_opt("lj-runtimekit-scheduler").await?
+            && lease.spec.and_then(|s| s.holder_identity).as_deref() == Some(identity)
+        {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    bail!("the operator did not take the lease")
+}
+
+/// Creates the namespace `name`.
+pub async fn namespace(client: &Client, name: &str) -> Result<()> {
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}}))?;
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await?;
+    Ok(())
+}
+
+/// A process's resident memory now (`VmRSS`) and at its peak (`VmHWM`), in MiB.
+pub fn rss_mib(pid: i32) -> Result<(f64, f64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let field = |name: &str| -> Result<f64> {
+        let kib: f64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .with_context(|| format!("{name} of process {pid}"))?;
+        Ok(kib / 1024.0)
+    };
+    Ok((field("VmRSS:")?, field("VmHWM:")?))
+}
