@@ -211,6 +211,21 @@ pub async fn wait_operator_ready(client: &Client, identity: &str) -> Result<()> 
     bail!("the operator did not take the lease")
 }
 
+/// Applies the `lj-runtime` RuntimeClass users deploy, which the load's pods name.
+pub fn install_runtime_class(cluster: &Cluster) -> Result<()> {
+    let runtime_class = crate::tools::repo_root().join("config/runtime/runtimeclass.yaml");
+    let status = cluster
+        .kubectl()
+        .args(["apply", "-f"])
+        .arg(runtime_class)
+        .stdout(std::process::Stdio::null())
+        .status()?;
+    if !status.success() {
+        bail!("installing the RuntimeClass failed");
+    }
+    Ok(())
+}
+
 /// Creates the namespace `name`.
 pub async fn namespace(client: &Client, name: &str) -> Result<()> {
     let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}}))?;

@@ -16,11 +16,12 @@ use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use runtimekit_e2e::cluster::{Cluster, ClusterOptions};
 use runtimekit_e2e::load::{
-    CARDS, Fleet, namespace, rss_mib, start_operator, tear_down_released, wait_operator_ready,
+    CARDS, Fleet, install_runtime_class, namespace, rss_mib, start_operator, tear_down_released,
+    wait_operator_ready,
 };
 use serde_json::json;
 use std::collections::HashMap;
-use std::process::{Child, Stdio};
+use std::process::Child;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -55,16 +56,7 @@ async fn main() -> Result<()> {
 
 async fn bench(cluster: &Cluster) -> Result<()> {
     let client = cluster.client().await?;
-    let runtime_class = runtimekit_e2e::tools::repo_root().join("config/runtime/runtimeclass.yaml");
-    let status = cluster
-        .kubectl()
-        .args(["apply", "-f"])
-        .arg(runtime_class)
-        .stdout(Stdio::null())
-        .status()?;
-    if !status.success() {
-        bail!("installing the RuntimeClass failed");
-    }
+    install_runtime_class(cluster)?;
     eprintln!("creating {NODES} nodes of {CARDS} cards");
     let fleet = Fleet {
         prefix: "bench".into(),

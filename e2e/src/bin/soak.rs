@@ -15,12 +15,11 @@ use kube::{Client, ResourceExt};
 use runtimekit_crds::{GpuSlice, SliceMode};
 use runtimekit_e2e::cluster::{Cluster, ClusterOptions};
 use runtimekit_e2e::load::{
-    Fleet, namespace, rss_mib, start_operator, tear_down_as_released, tear_down_released,
-    wait_operator_ready,
+    Fleet, install_runtime_class, namespace, rss_mib, start_operator, tear_down_as_released,
+    tear_down_released, wait_operator_ready,
 };
 use serde_json::json;
 use std::collections::BTreeMap;
-use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -117,14 +116,7 @@ struct Reading {
 
 async fn soak(cluster: &Cluster, args: &Args) -> Result<()> {
     let client = cluster.client().await?;
-    let runtime_class = runtimekit_e2e::tools::repo_root().join("config/runtime/runtimeclass.yaml");
-    let status = cluster
-        .kubectl()
-        .args(["apply", "-f"])
-        .arg(runtime_class)
-        .stdout(Stdio::null())
-        .status()?;
-    ensure!(status.success(), "installing the RuntimeClass failed");
+    install_runtime_class(cluster)?;
     eprintln!("creating {} nodes", args.nodes);
     let fleet = Fleet {
         prefix: "soak".into(),
