@@ -1,5 +1,6 @@
 //! GangGroups and their members: one decision reserves every pending member, and the
-//! reservation becomes allocations when all are bound or is rolled back.
+//! reservation ends once their bindings are written: bound members keep their allocations, the
+//! others give theirs back.
 
 use super::{Feed, InFlight, Now, PodRecord, State, namespaced_key, split_key};
 use k8s_openapi::api::core::v1::Pod;
@@ -114,7 +115,7 @@ impl State {
     }
 
     /// Decides and reserves a gang's pending members in one decision, all or nothing. On
-    /// success the members are in flight until bound or rolled back.
+    /// success the members are in flight until their writes are done ([`State::gang_written`]).
     pub fn reserve_gang(
         &mut self,
         namespace: &str,
