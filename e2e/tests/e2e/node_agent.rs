@@ -34,10 +34,7 @@ pub const TESTS: &[Test] = tests![
     cards_held_by_another_scheduler_are_never_picked,
     resource_layer_restarted_under_a_running_agent,
     agent_killed_between_instance_and_status_write,
-    // Fails: the kubelet gives a whole-card pod a card other than the one its slice names (the
-    // agent's device plugin answers GetPreferredAllocation before it has seen the pod's slice,
-    // and falls back to the lowest free UUID). Enable with WHOLE_CARDS once that is fixed.
-    // whole_card_pods_get_the_cards_their_slices_name,
+    whole_card_pods_get_the_cards_their_slices_name,
 ];
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -1350,18 +1347,12 @@ async fn cards_held_by_another_scheduler_are_never_picked(ctx: TestContext) -> R
     Ok(())
 }
 
-/// Whether the fault tests fill their node with whole-card pods too. Not yet: the kubelet can
-/// give such a pod another card than its slice names (see
-/// `whole_card_pods_get_the_cards_their_slices_name`), which takes a card out of the fill.
-const WHOLE_CARDS: bool = false;
-
-/// The pods that fill one h800-8 node exactly, named with `prefix`: with `whole`, three whole
-/// cards and six 50 % shares (three cards), else twelve 50 % shares (all six cards outside MIG
-/// mode); and on the two MIG cards pods of 7, 4 and 3 compute slices (the 3 last).
-fn full_node_pods(prefix: &str, whole: bool) -> Vec<serde_json::Value> {
+/// The pods that fill one h800-8 node exactly, named with `prefix`: three whole cards, six 50 %
+/// shares (three cards), and on the two MIG cards pods of 7, 4 and 3 compute slices (the 3 last).
+fn full_node_pods(prefix: &str) -> Vec<serde_json::Value> {
     use crate::operator::gpu_pod;
     let mut pods = Vec::new();
-    let whole_cards = if whole { 3 } else { 0 };
+    let whole_cards = 3;
     for w in 0..whole_cards {
         pods.push(gpu_pod(
             &format!("{prefix}-whole-{w}"),
@@ -1553,7 +1544,7 @@ async fn empty_node(ctx: &TestContext, node: &AgentNode) -> Result<()> {
 /// Fills the node again from nothing, which works only if every card came back, then empties
 /// it.
 async fn refill(ctx: &TestContext, node: &AgentNode) -> Result<()> {
-    let pods = full_node_pods("again", WHOLE_CARDS);
+    let pods = full_node_pods("again");
     let slices = fill(ctx, node, &pods, "the node filled again: no card leaked").await?;
     instances_of(ctx, node, &slices).await?;
     empty_node(ctx, node).await
@@ -1605,7 +1596,7 @@ fn unchanged(before: &[GpuSlice], after: &[GpuSlice]) -> Result<()> {
 async fn resource_layer_restarted_under_a_running_agent(ctx: TestContext) -> Result<()> {
     let mut node = AgentNode::start_with_layer(&ctx, "relayer", "h800-8").await?;
     with_operator(&ctx, "op-relayer", || async {
-        let pods = full_node_pods("first", WHOLE_CARDS);
+        let pods = full_node_pods("first");
         let slices = fill(&ctx, &node, &pods, "the node full, every slice Ready").await?;
         let before = instances_of(&ctx, &node, &slices).await?;
 
@@ -1747,7 +1738,7 @@ async fn ready_writes_held(ctx: &TestContext, node: &AgentNode, slice: &str) -> 
 async fn agent_killed_between_instance_and_status_write(ctx: TestContext) -> Result<()> {
     let mut node = AgentNode::start(&ctx, "w", "h800-8").await?;
     let outcome = with_operator(&ctx, "op-window", || async {
-        let mut pods = full_node_pods("first", WHOLE_CARDS);
+        let mut pods = full_node_pods("first");
         // The 3-slice MIG pod comes last, once the rest is Ready and the policy holds.
         let late = pods.pop().context("a pod")?;
         let late_name = late["metadata"]["name"]
@@ -1871,15 +1862,14 @@ async fn agent_killed_between_instance_and_status_write(ctx: TestContext) -> Res
 
 /// A node filled to 100 % with pods of every kind, whole cards included, one pod at a time: the
 /// kubelet gives each whole-card pod the card its slice names, so no card is held twice.
-#[allow(dead_code)]
 async fn whole_card_pods_get_the_cards_their_slices_name(ctx: TestContext) -> Result<()> {
     let node = AgentNode::start(&ctx, "whole", "h800-8").await?;
     with_operator(&ctx, "op-whole", || async {
-        let pods = full_node_pods("first", true);
+        let pods = full_node_pods("first");
         let slices = fill(&ctx, &node, &pods, "the node full, every slice Ready").await?;
         instances_of(&ctx, &node, &slices).await?;
         empty_node(&ctx, &node).await?;
-        let pods = full_node_pods("again", true);
+        let pods = full_node_pods("again");
         fill(&ctx, &node, &pods, "the node filled again").await?;
         empty_node(&ctx, &node).await
     })

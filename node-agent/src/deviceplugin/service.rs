@@ -102,8 +102,12 @@ impl DevicePlugin for PluginService {
         let mut changes = self.state.clone();
         loop {
             let state = changes.borrow_and_update().clone();
+            // A whole card is never suggested before the wait is over unless a slice claims it:
+            // the kubelet can ask before this agent's watches show the pod or its slice, and a
+            // guess gives the pod another card than the one its slice names. Shares settle as
+            // soon as nothing is awaited (their devices are interchangeable replicas).
             let settle = tokio::time::Instant::now() >= deadline
-                || !allocation::awaiting_binding(kind, &state);
+                || (!kind.whole() && !allocation::awaiting_binding(kind, &state));
             if let Some(responses) = self.suggest(&state, request.get_ref(), settle) {
                 return Ok(Response::new(dp::PreferredAllocationResponse {
                     container_responses: responses,
