@@ -35,6 +35,7 @@ pub const TESTS: &[Test] = tests![
     resource_layer_restarted_under_a_running_agent,
     agent_killed_between_instance_and_status_write,
     whole_card_pods_get_the_cards_their_slices_name,
+    operator_starting_while_a_mig_slice_is_released,
 ];
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -1871,6 +1872,66 @@ async fn whole_card_pods_get_the_cards_their_slices_name(ctx: TestContext) -> Re
         empty_node(&ctx, &node).await?;
         let pods = full_node_pods("again");
         fill(&ctx, &node, &pods, "the node filled again").await?;
+        empty_node(&ctx, &node).await
+    })
+    .await
+}
+
+/// The node full; the operator and the agent both down while a MIG pod ends, so its slice waits,
+/// released, on the agent's finalizer; then the operator starts. It must leave the finalizer to
+/// the node's agent (the node exists, and the instance is still on the card); the agent, back,
+/// destroys the instance and lets the slice go, and the node fills again.
+async fn operator_starting_while_a_mig_slice_is_released(ctx: TestContext) -> Result<()> {
+    // The resource layer in its own process, so the instance outlives the agent.
+    let mut node = AgentNode::start_with_layer(&ctx, "releasing", "h800-8").await?;
+    let pods = full_node_pods("first");
+    let operator = crate::operator::Operator::start(&ctx, "op-first").await?;
+    let filled = fill(&ctx, &node, &pods, "the node full, every slice Ready").await;
+    let stopped = operator.stop().await;
+    let slices = filled?;
+    stopped?;
+    let mig = slices
+        .iter()
+        .find(|s| s.spec.mode == runtimekit_crds::SliceMode::Mig)
+        .context("a MIG slice")?
+        .clone();
+    let mig_name = mig.name_any();
+    let key = format!("{}/{mig_name}", ctx.namespace);
+    node.agent.kill();
+    delete_pod(&ctx, &mig.spec.pod.name).await?;
+    ctx.wait_for("the MIG slice released", WAIT, || async {
+        let slice = ctx.api::<GpuSlice>().get_opt(&mig_name).await?;
+        Ok(slice
+            .filter(|s| s.metadata.deletion_timestamp.is_some())
+            .map(|_| ()))
+    })
+    .await?;
+    with_operator(&ctx, "op-second", || async {
+        // Well past the operator's first sync and its slice pass.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let slice = ctx.api::<GpuSlice>().get(&mig_name).await?;
+        ensure!(
+            slice.finalizers().iter().any(|f| f == SLICE_FINALIZER),
+            "the operator stripped the finalizer of a slice whose node and instance exist"
+        );
+        ensure!(
+            node.instances().await?.iter().any(|i| i.key == key),
+            "the instance is still on its card"
+        );
+        node.agent = spawn_agent(&ctx, "releasing", &node.args)?;
+        wait_gone(&ctx, &mig_name).await?;
+        ensure!(
+            !node.instances().await?.iter().any(|i| i.key == key),
+            "the agent destroyed the instance before letting the slice go"
+        );
+        empty_node(&ctx, &node).await?;
+        fill(
+            &ctx,
+            &node,
+            &full_node_pods("again"),
+            "the node filled again",
+        )
+        .await?;
         empty_node(&ctx, &node).await
     })
     .await
