@@ -2,6 +2,7 @@
 //! JobSet, kwok) that this binary starts once for the whole run and stops at the end, also when
 //! a test fails or the run is interrupted.
 
+mod contract_policy;
 mod control_plane;
 mod faults;
 mod gangs;
@@ -21,6 +22,7 @@ fn tests() -> Vec<Test> {
         operator::TESTS,
         gangs::TESTS,
         trust::TESTS,
+        contract_policy::TESTS,
         faults::TESTS,
         node_agent::TESTS,
     ]
