@@ -71,10 +71,19 @@ impl FakeNode {
 }
 
 impl TestContext {
+    /// The full name of this test's node `short`: the namespace, then `short`, cut to the 63
+    /// characters a node name may have as its hostname label (the namespace is shortened; its
+    /// `e2e-<n>-` start keeps the names of different tests apart).
+    pub fn node_name(&self, short: &str) -> String {
+        let room = 63usize.saturating_sub(short.len() + 1);
+        let namespace: String = self.namespace.chars().take(room).collect();
+        format!("{}-{short}", namespace.trim_end_matches('-'))
+    }
+
     /// Creates a kwok-managed (or [hung](FakeNode::hung)) node for this test; its name is
     /// prefixed with the namespace and it is deleted when the test ends.
     pub async fn fake_node(&self, node: FakeNode) -> Result<Node> {
-        let name = format!("{}-{}", self.namespace, node.name);
+        let name = self.node_name(&node.name);
         // A node may be created with its status; a hung node's Ready condition is never renewed,
         // and no node-lifecycle controller runs here to notice.
         let (annotations, conditions) = if node.hung {

@@ -238,7 +238,7 @@ async fn node_deleted_with_bound_slices(ctx: TestContext) -> Result<()> {
     let pods = filling_pods("burst", 2);
     create_all(&ctx, &pods).await?;
     all_bound(&ctx, pods.len(), "the cluster full").await?;
-    let gone = format!("{}-n1", ctx.namespace);
+    let gone = ctx.node_name("n1");
     ctx.cluster_api::<Node>()
         .delete(&gone, &DeleteParams::default())
         .await?;

@@ -433,8 +433,14 @@ pub(crate) async fn slices(ctx: &TestContext) -> Result<Vec<GpuSlice>> {
 /// Deletes the TopologyGroups a test created (they are cluster-scoped, named after its nodes).
 async fn delete_groups(ctx: &TestContext) -> Result<()> {
     let groups = ctx.cluster_api::<TopologyGroup>();
+    // Node names may shorten the namespace, never its `e2e-<n>-` start.
+    let prefix = ctx.node_name("");
+    let start = prefix
+        .match_indices('-')
+        .nth(1)
+        .map_or(prefix.as_str(), |(i, _)| &prefix[..=i]);
     for group in groups.list(&ListParams::default()).await?.items {
-        if group.name_any().starts_with(&ctx.namespace) {
+        if group.name_any().starts_with(start) {
             groups
                 .delete(&group.name_any(), &Default::default())
                 .await?;
