@@ -54,8 +54,9 @@ pub async fn run(shared: Arc<Shared>, client: Client, reports: Reports) {
             keys
         };
         let mut phases: BTreeMap<String, i64> = BTreeMap::new();
-        // Holds of gangs that are gone go with them.
+        // Holds and reports of gangs that are gone go with them.
         controller.held.retain(|key, _| gangs.contains(key));
+        controller.reported.retain(|key, _| gangs.contains(key));
         for (namespace, name) in gangs {
             let key = (namespace, name);
             let phase = match controller.held_phase(&key) {
