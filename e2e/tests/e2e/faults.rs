@@ -11,9 +11,10 @@ use crate::operator::{
 use anyhow::{Result, ensure};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::ResourceExt;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{DeleteParams, ListParams};
 use runtimekit_crds::{GpuSlice, TopologyGroup};
 use runtimekit_e2e::harness::Test;
+use runtimekit_e2e::load::tear_down_released;
 use runtimekit_e2e::{TestContext, tests};
 use runtimekit_operator::leader::Timing;
 use serde_json::json;
@@ -103,27 +104,13 @@ async fn free_all(ctx: &TestContext) -> Result<()> {
         pods.delete(&pod.name_any(), &DeleteParams::default().grace_period(0))
             .await?;
     }
-    let slices = ctx.api::<GpuSlice>();
     ctx.wait_for(
         "every slice released and torn down",
         Duration::from_secs(60),
         || async {
-            let left = slices.list(&ListParams::default()).await?.items;
-            for slice in left
-                .iter()
-                .filter(|s| s.metadata.deletion_timestamp.is_some())
-            {
-                let unfinalized = json!({"metadata": {"finalizers": null}});
-                let _ = slices
-                    .patch(
-                        &slice.name_any(),
-                        &PatchParams::default(),
-                        &Patch::Merge(&unfinalized),
-                    )
-                    .await;
-            }
+            let slices_left = tear_down_released(&ctx.client, &ctx.namespace).await?;
             let pods_left = pods.list(&ListParams::default()).await?.items.len();
-            Ok((left.is_empty() && pods_left == 0).then_some(()))
+            Ok((slices_left == 0 && pods_left == 0).then_some(()))
         },
     )
     .await
