@@ -32,6 +32,9 @@ impl std::fmt::Debug for Reports {
     }
 }
 
+/// The pod condition a slice failure sets: the pod's cards could not all be enacted.
+pub const SLICES_READY: &str = "GpuSlicesReady";
+
 impl Reports {
     /// Reports as `controller` (the scheduler name), from instance `identity`.
     /// Must be called inside a tokio runtime: it starts the Event sender.
@@ -99,19 +102,77 @@ impl Reports {
         ) else {
             return;
         };
-        let patch = serde_json::json!({"status": {"conditions": [{
-            "type": "PodScheduled",
-            "status": "False",
-            "reason": reason,
-            "message": cut(message),
-            "lastTransitionTime": Timestamp::now().to_string(),
-        }]}});
+        let uid = pod.metadata.uid.as_deref();
+        self.condition_false(namespace, name, uid, "PodScheduled", reason, message)
+            .await;
+    }
+
+    /// Tells the pod of a slice its node agent could not enact what happened and what to do: a
+    /// Warning Event with the agent's reason, and the condition `GpuSlicesReady=False`.
+    pub async fn slice_failed(&self, slice: &str, failure: &SliceFailure) {
+        let pod = &failure.pod;
+        let card = failure
+            .card
+            .map_or_else(String::new, |c| format!(" (card {c})"));
+        let message = format!(
+            "GpuSlice {slice}{card} cannot be enacted: {}. Container {} will not get this card. \
+             Delete the pod: its owner recreates it and the scheduler places it again, away from \
+             cards held outside it.",
+            failure.message.trim_end_matches('.'),
+            pod.container
+        );
+        let reference = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            namespace: Some(pod.namespace.clone()),
+            name: Some(pod.name.clone()),
+            uid: Some(pod.uid.clone()),
+            ..ObjectReference::default()
+        };
+        self.event(&reference, true, &failure.reason, "Enact", &message)
+            .await;
+        let uid = Some(pod.uid.as_str());
+        self.condition_false(
+            &pod.namespace,
+            &pod.name,
+            uid,
+            SLICES_READY,
+            &failure.reason,
+            &message,
+        )
+        .await;
+    }
+
+    /// Sets the pod condition `type_=False` with `reason` and `message`, best effort; with
+    /// `uid`, only on the pod of that UID (a pod recreated under the same name is left alone).
+    async fn condition_false(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: Option<&str>,
+        type_: &str,
+        reason: &str,
+        message: &str,
+    ) {
+        let mut patch = serde_json::json!({
+            "status": {"conditions": [{
+                "type": type_,
+                "status": "False",
+                "reason": reason,
+                "message": cut(message),
+                "lastTransitionTime": Timestamp::now().to_string(),
+            }]}
+        });
+        if let Some(uid) = uid {
+            // A UID in the patch is a precondition: the apiserver refuses it for another pod.
+            patch["metadata"] = serde_json::json!({ "uid": uid });
+        }
         let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         if let Err(error) = api
             .patch_status(name, &PatchParams::default(), &Patch::Strategic(&patch))
             .await
         {
-            tracing::debug!(%error, pod = name, "could not set PodScheduled=False");
+            tracing::debug!(%error, pod = name, condition = type_, "could not set a pod condition");
         }
     }
 }
@@ -204,58 +265,6 @@ impl Correlator {
             },
         );
         Ok(())
-    }
-}
-
-/// The pod condition a slice failure sets: the pod's cards could not all be enacted.
-pub const SLICES_READY: &str = "GpuSlicesReady";
-
-impl Reports {
-    /// Tells the pod of a slice its node agent could not enact what happened and what to do: a
-    /// Warning Event with the agent's reason, and the condition `GpuSlicesReady=False`.
-    pub async fn slice_failed(&self, slice: &str, failure: &SliceFailure) {
-        let pod = &failure.pod;
-        let card = failure
-            .card
-            .map_or_else(String::new, |c| format!(" (card {c})"));
-        let message = format!(
-            "GpuSlice {slice}{card} cannot be enacted: {}. Container {} will not get this card. \
-             Delete the pod: its owner recreates it and the scheduler places it again, away from \
-             cards held outside it.",
-            failure.message.trim_end_matches('.'),
-            pod.container
-        );
-        let reference = ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Pod".into()),
-            namespace: Some(pod.namespace.clone()),
-            name: Some(pod.name.clone()),
-            uid: Some(pod.uid.clone()),
-            ..ObjectReference::default()
-        };
-        self.event(&reference, true, &failure.reason, "Enact", &message)
-            .await;
-        let patch = serde_json::json!({
-            "metadata": {"uid": pod.uid},
-            "status": {"conditions": [{
-                "type": SLICES_READY,
-                "status": "False",
-                "reason": failure.reason,
-                "message": cut(&message),
-                "lastTransitionTime": Timestamp::now().to_string(),
-            }]}
-        });
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
-        if let Err(error) = api
-            .patch_status(
-                &pod.name,
-                &PatchParams::default(),
-                &Patch::Strategic(&patch),
-            )
-            .await
-        {
-            tracing::debug!(%error, pod = %pod.name, "could not set GpuSlicesReady=False");
-        }
     }
 }
 
