@@ -157,9 +157,6 @@ pub async fn run(options: Options) -> Result<(), AgentError> {
             inventory: inventory.clone(),
             recorder: recorder.clone(),
             resync: options.resync,
-            allocation_annotation: runtimekit_contract::allocation::annotation(
-                &options.config.resource_prefix,
-            ),
         }
         .run(),
     );

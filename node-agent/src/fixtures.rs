@@ -142,7 +142,7 @@ pub(crate) fn slice(name: &str, card: u32, mode: SliceMode, phase: SlicePhase) -
         container: "app".into(),
         phase: Some(phase),
         deleting: false,
-        pod_bound: true,
+        gang: false,
         created: Some(at(100)),
     }
 }

@@ -85,7 +85,7 @@ pub fn tdm_capable(device: &pb::Device) -> bool {
     matches!(device.vendor(), pb::Vendor::Nvidia | pb::Vendor::Ppu) && !mig_enabled(device)
 }
 
-/// One GpuSlice of this node as the agent sees it, with what it knows of its pod.
+/// One GpuSlice of this node as the agent sees it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SliceInfo {
     /// The slice's namespace.
@@ -120,8 +120,9 @@ pub struct SliceInfo {
     pub phase: Option<SlicePhase>,
     /// The slice is being deleted.
     pub deleting: bool,
-    /// Whether the agent saw the slice's pod bound to this node.
-    pub pod_bound: bool,
+    /// The slice is a gang member's: written before the gang's Bindings, enacted only once the
+    /// operator marks it Bound.
+    pub gang: bool,
     /// When the slice was created.
     pub created: Option<Time>,
 }
@@ -147,7 +148,7 @@ impl SliceInfo {
             container: slice.spec.pod.container.clone(),
             phase: slice.status.as_ref().and_then(|s| s.phase),
             deleting: slice.metadata.deletion_timestamp.is_some(),
-            pod_bound: false,
+            gang: slice.spec.gang.is_some(),
             created: slice.metadata.creation_timestamp.clone(),
         })
     }
@@ -160,6 +161,14 @@ impl SliceInfo {
     /// Whether the slice partitions its card (TDM or MIG) rather than taking it whole.
     pub fn partitions(&self) -> bool {
         self.mode != SliceMode::Whole
+    }
+
+    /// Whether the slice's pod is placed on this node, so the slice may be enacted. The scheduler
+    /// writes a pod's slices and its Binding at once, so a slice on this node is its pod's
+    /// placement; a gang member's slices are written before any member is bound, and wait
+    /// until the operator marks them Bound (the agent never reads pods).
+    pub fn placed(&self) -> bool {
+        !self.gang || !matches!(self.phase, None | Some(SlicePhase::Reserved))
     }
 
     /// Whether the agent has acted on the slice (its instance exists or is being made or
@@ -200,34 +209,6 @@ pub struct NodeState {
     /// Cards the kubelet gave whole to pods, by card index (empty when the pod-resources API
     /// cannot be reached).
     pub held_whole: BTreeMap<u32, Vec<WholeHolder>>,
-    /// Cards that pods bound here were given whose GpuSlices the agent does not see yet.
-    pub awaited: Vec<AwaitedSlice>,
-}
-
-/// A card a bound pod's allocation annotation names whose GpuSlice has not arrived yet.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct AwaitedSlice {
-    /// How the card is used.
-    pub mode: SliceMode,
-    /// Compute share in percent (TDM).
-    pub core: Option<u32>,
-    /// Memory granted in MiB, when stated.
-    pub memory_mib: Option<u64>,
-    /// MIG compute slices.
-    pub slices: Option<u32>,
-}
-
-impl AwaitedSlice {
-    /// The share an allocated card records; `None` for a mode this agent does not know.
-    pub fn of(card: &runtimekit_contract::allocation::AllocatedCard) -> Option<AwaitedSlice> {
-        let mode = serde_json::from_value(serde_json::Value::String(card.mode.clone())).ok()?;
-        Some(AwaitedSlice {
-            mode,
-            core: card.core.map(u32::from),
-            memory_mib: card.memory_mib,
-            slices: card.slices.map(u32::from),
-        })
-    }
 }
 
 impl NodeState {

@@ -198,7 +198,7 @@ fn slice(name: &str, card: u32, uuid: &str, mode: SliceMode, pod_uid: &str) -> S
         container: "app".into(),
         phase: Some(SlicePhase::Ready),
         deleting: false,
-        pod_bound: true,
+        gang: false,
         created: None,
     }
 }

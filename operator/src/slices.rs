@@ -23,7 +23,8 @@ pub async fn run(shared: Arc<Shared>, client: Client, reports: Reports) {
     loop {
         let work = shared.lock().take_work();
         if work != Work::default() {
-            writes::slices::carry_out(&client, &work).await;
+            let unmarked = writes::slices::carry_out(&client, &work).await;
+            shared.lock().mark_bound_again(unmarked);
         }
         for ((_, slice), failure) in &work.failed {
             reports.slice_failed(slice, failure).await;

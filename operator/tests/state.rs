@@ -8,7 +8,7 @@ use runtimekit_contract::RuntimeKitConfig;
 use runtimekit_crds::{
     CardHealth, CardStatus, GpuSlice, TopologyGroup, TopologyGroupSpec, TopologyGroupStatus, Vendor,
 };
-use runtimekit_operator::state::{Binding, Outcome, RESTORE_GRACE, State};
+use runtimekit_operator::state::{Binding, Outcome, RESTORE_GRACE, State, Unfinalize};
 use runtimekit_placement::objects::slices_and_allocation;
 use serde_json::json;
 use std::time::{Duration, Instant};
@@ -660,8 +660,8 @@ fn a_gang_member_whose_binding_failed_gives_back_its_card_and_its_slices() {
         failed_slice.metadata.name.clone().expect("name"),
     );
     assert!(
-        work.release.contains(&key) && work.unfinalize.contains(&key),
-        "its never-enacted slice is deleted and unfinalized: {work:?}"
+        work.release.contains(&key) && work.unfinalize.get(&key) == Some(&Unfinalize::NeverEnacted),
+        "its never-enacted slice is deleted, and unfinalized unless its agent acted: {work:?}"
     );
     assert_eq!(work.release.len(), 1, "the bound member keeps its slice");
     // Its card is free again for anyone; the bound member's is not.
@@ -671,6 +671,61 @@ fn a_gang_member_whose_binding_failed_gives_back_its_card_and_its_slices() {
         card_of(&other),
         gang.members[1].1.containers[0].cards[0].index
     );
+}
+
+#[test]
+fn a_gang_members_slices_are_marked_bound_once_its_pod_is_and_never_before() {
+    let mut state = cluster(3);
+    state.apply_pod(&member("m0"));
+    state.apply_pod(&member("m1"));
+    let gang = state
+        .reserve_gang("ns", "g", runtimekit_crds::Tier::NetworkPod)
+        .expect("the gang fits");
+    let mut slices = Vec::new();
+    for (pod, decision) in &gang.members {
+        slices.extend(slices_and_allocation(pod, decision).0);
+    }
+    assert!(slices.iter().all(|s| s.spec.gang.as_deref() == Some("g")));
+    state.slices_created(slices.iter().map(|s| (s, true)));
+    for slice in &slices {
+        state.apply_slice(slice);
+    }
+    assert!(
+        state.take_work().mark_bound.is_empty(),
+        "no member is bound yet: the node agent must not enact them"
+    );
+    // m0's Binding lands; m1's has not yet.
+    let (m0, d0) = &gang.members[0];
+    let mut bound = (**m0).clone();
+    bound.spec.as_mut().expect("spec").node_name = Some(d0.node.clone());
+    state.apply_pod(&bound);
+    let slice_of = |uid: &str| {
+        let s = slices
+            .iter()
+            .find(|s| s.spec.pod.uid == uid)
+            .expect("slice");
+        ("ns".to_owned(), s.metadata.name.clone().expect("name"))
+    };
+    let work = state.take_work();
+    assert_eq!(
+        work.mark_bound.into_iter().collect::<Vec<_>>(),
+        [slice_of(&d0.pod_uid)]
+    );
+    // Once the agent has moved it on, it is never marked again.
+    let mut ready = slices
+        .iter()
+        .find(|s| s.spec.pod.uid == d0.pod_uid)
+        .expect("slice")
+        .clone();
+    ready.status = Some(serde_json::from_value(json!({"phase": "Ready"})).expect("status"));
+    state.apply_slice(&ready);
+    state.apply_pod(&bound);
+    assert!(state.take_work().mark_bound.is_empty());
+    // A slice of a single pod is never marked: its agent enacts it as soon as it is written.
+    state.apply_pod(&pod("single", json!({"aliyun.com/gpu-core": "30"}), 1));
+    let single = bind(&mut state, "uid-single", Instant::now());
+    land(&mut state, &single);
+    assert!(state.take_work().mark_bound.is_empty());
 }
 
 #[test]
@@ -758,5 +813,9 @@ fn a_slice_being_released_seen_before_its_node_keeps_its_finalizer() {
     orphaned.apply_pod(&pod);
     orphaned.apply_slice(&releasing);
     orphaned.pods_synced();
-    assert_eq!(orphaned.take_work().unfinalize.len(), 1);
+    let work = orphaned.take_work();
+    assert_eq!(
+        work.unfinalize.values().collect::<Vec<_>>(),
+        [&Unfinalize::NodeGone]
+    );
 }

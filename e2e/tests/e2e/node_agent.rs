@@ -623,29 +623,38 @@ async fn node_agent_mig_instance_follows_its_pod(ctx: TestContext) -> Result<()>
         &pending,
         &node.name,
         (7, &uuids[7]),
-        json!({"mode": "MIG", "slices": 3, "migProfile": "3g.40gb", "migPlacementStart": 4, "memory": "40Gi"}),
+        json!({"mode": "MIG", "slices": 3, "migProfile": "3g.40gb", "migPlacementStart": 4, "memory": "40Gi", "gang": "g"}),
     )
     .await?;
     let name = created.name_any();
-    let reserved = json!({"apiVersion": "runtimekit.aliyun.com/v1alpha1", "kind": "GpuSlice", "status": {"phase": "Reserved"}});
-    ctx.api::<GpuSlice>()
-        .patch_status(
-            &name,
-            &PatchParams::apply("e2e-operator").force(),
-            &Patch::Apply(&reserved),
-        )
-        .await?;
+    let mark = |phase: SlicePhase| {
+        let slices = ctx.api::<GpuSlice>();
+        let name = name.clone();
+        async move {
+            let body = json!({"apiVersion": "runtimekit.aliyun.com/v1alpha1", "kind": "GpuSlice", "status": {"phase": phase}});
+            slices
+                .patch_status(
+                    &name,
+                    &PatchParams::apply("e2e-operator"),
+                    &Patch::Apply(&body),
+                )
+                .await
+        }
+    };
+    mark(SlicePhase::Reserved).await?;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let held = ctx.api::<GpuSlice>().get(&name).await?;
     ensure!(
         held.status.as_ref().and_then(|s| s.phase) == Some(SlicePhase::Reserved),
-        "not enacted before its pod is bound: {:?}",
+        "not enacted before the operator marks it Bound: {:?}",
         held.status
     );
     ensure!(node.instances().await?.is_empty(), "no instance yet");
 
+    // The gang's Bindings land, and the operator marks the slice Bound.
     let phases = record_phases(&ctx, &name, SlicePhase::Ready);
     bind(&ctx, "mig-pod", &node.name).await?;
+    mark(SlicePhase::Bound).await?;
     let ready = wait_phase(&ctx, &name, SlicePhase::Ready).await?;
     let seen = tokio::time::timeout(WAIT, phases).await??;
     ensure!(
@@ -1009,6 +1018,17 @@ async fn node_agent_writes_only_its_own_node(ctx: TestContext) -> Result<()> {
         .await?
         .name_any();
     let agent_a = ctx.client_for(&agent_user(&a), &[AGENT_GROUP]).await?;
+    // An agent reads no pods: not the cluster's, not even its own node's.
+    let pods_a = kube::Api::<Pod>::all(agent_a.clone());
+    let own = format!("spec.nodeName={a}");
+    for params in [ListParams::default(), ListParams::default().fields(&own)] {
+        let listed = pods_a.list(&params).await;
+        ensure!(
+            matches!(listed, Err(kube::Error::Api(ref e)) if e.code == 403),
+            "listing pods ({:?}) must be forbidden: {listed:?}",
+            params.field_selector
+        );
+    }
     let apply = PatchParams::apply("runtimekit-node-agent-topology").force();
     let group = |node: &str| {
         json!({"apiVersion": "runtimekit.aliyun.com/v1alpha1", "kind": "TopologyGroup",

@@ -8,7 +8,7 @@
 //! unless two such pods arrive together, in which case only the attribution in the kubelet's
 //! books can differ, never the cards a container uses (those come from its slices).
 
-use crate::model::{AwaitedSlice, NodeState, SliceInfo};
+use crate::model::{NodeState, SliceInfo};
 use crate::resources::{Advertised, Kind, base_id, devices, whole_card_available};
 use runtimekit_crds::{SliceMode, SlicePhase};
 use runtimekit_proto::deviceplugin::v1beta1 as dp;
@@ -34,51 +34,27 @@ pub struct Candidate {
     pub cards: Vec<String>,
 }
 
+/// How many devices of `kind` a slice asks for, if any.
 fn wants(kind: Kind, slice: &SliceInfo) -> Option<u32> {
-    share_wants(
-        kind,
-        &AwaitedSlice {
-            mode: slice.mode,
-            core: slice.core,
-            memory_mib: slice.memory_mib,
-            slices: slice.slices,
-        },
-    )
-}
-
-/// How many devices of `kind` a share asks for, if any.
-fn share_wants(kind: Kind, share: &AwaitedSlice) -> Option<u32> {
-    match (kind, share.mode) {
+    match (kind, slice.mode) {
         (Kind::Whole { .. }, SliceMode::Whole) => Some(1),
-        (Kind::Core, SliceMode::Tdm) => share.core,
+        (Kind::Core, SliceMode::Tdm) => slice.core,
         (Kind::Memory, SliceMode::Tdm | SliceMode::Mig) => {
-            share.memory_mib.and_then(|m| u32::try_from(m / 1024).ok())
+            slice.memory_mib.and_then(|m| u32::try_from(m / 1024).ok())
         }
-        (Kind::Slice, SliceMode::Mig) => share.slices,
+        (Kind::Slice, SliceMode::Mig) => slice.slices,
         _ => None,
     }
 }
 
-/// Whether a suggestion for devices of `kind` waits for the agent to catch up, because the pod
-/// the kubelet is admitting may be one the agent does not fully see yet: a slice whose pod it
-/// does not see bound, or a bound pod whose slices have not arrived (the scheduler writes both
-/// at once).
-pub fn awaiting_binding(kind: Kind, state: &NodeState) -> bool {
-    state
-        .slices
-        .iter()
-        .any(|s| !s.pod_bound && !s.deleting && wants(kind, s).is_some())
-        || state.awaited.iter().any(|a| share_wants(kind, a).is_some())
-}
-
-/// The containers of pods bound to this node whose slices ask for devices of `kind`, oldest
+/// The containers of pods placed on this node whose slices ask for devices of `kind`, oldest
 /// first.
 pub fn candidates(kind: Kind, state: &NodeState) -> Vec<Candidate> {
     /// When the oldest slice was created, the size, and the cards (index, UUID).
     type Group = (Option<String>, u32, Vec<(u32, String)>);
     let mut grouped: BTreeMap<Claim, Group> = BTreeMap::new();
     for slice in &state.slices {
-        let live = slice.pod_bound
+        let live = slice.placed()
             && !matches!(
                 slice.phase,
                 Some(SlicePhase::Failed | SlicePhase::Releasing)
@@ -325,36 +301,22 @@ mod tests {
     }
 
     #[test]
-    fn suggestions_wait_for_the_slices_a_bound_pod_was_given() {
+    fn gang_members_are_candidates_once_marked_bound() {
         let mut state = four_cards();
-        let kinds = [
-            Kind::Whole { nvidia_only: true },
-            Kind::Core,
-            Kind::Memory,
-            Kind::Slice,
-        ];
-        assert!(kinds.iter().all(|k| !awaiting_binding(*k, &state)));
-        let card = runtimekit_contract::allocation::AllocatedCard {
-            mode: "TDM".into(),
-            core: Some(30),
-            memory_mib: Some(4096),
-            slice: "p-abc-0-0".into(),
-            ..Default::default()
-        };
-        state
-            .awaited
-            .push(AwaitedSlice::of(&card).expect("a known mode"));
-        let waiting: Vec<bool> = kinds.iter().map(|k| awaiting_binding(*k, &state)).collect();
-        assert_eq!(
-            waiting,
-            [false, true, true, false],
-            "only the resources the share asks for wait"
+        let mut member = slice("m", 1, SliceMode::Whole, SlicePhase::Reserved);
+        member.gang = true;
+        state.slices = vec![member];
+        let whole = Kind::Whole { nvidia_only: false };
+        assert!(
+            candidates(whole, &state).is_empty(),
+            "bindings not written yet"
         );
-        let unknown = runtimekit_contract::allocation::AllocatedCard {
-            mode: "Shared".into(),
-            ..card
-        };
-        assert_eq!(AwaitedSlice::of(&unknown), None);
+        state.slices[0].phase = Some(SlicePhase::Bound);
+        let ready: Vec<Vec<String>> = candidates(whole, &state)
+            .into_iter()
+            .map(|c| c.cards)
+            .collect();
+        assert_eq!(ready, [vec!["GPU-1".to_owned()]]);
     }
 
     fn ids(resource: &Advertised, state: &NodeState) -> Vec<String> {

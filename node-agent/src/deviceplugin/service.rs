@@ -15,7 +15,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
-/// How long a suggestion may wait for the agent to see the pod being admitted bound.
+/// How long a suggestion may wait for the agent to see the slices of the pod being admitted.
 const PREFERENCE_WAIT: Duration = Duration::from_secs(1);
 
 /// The options a resource registers with: whole cards are checked again just before their
@@ -97,17 +97,15 @@ impl DevicePlugin for PluginService {
         &self,
         request: Request<dp::PreferredAllocationRequest>,
     ) -> Result<Response<dp::PreferredAllocationResponse>, Status> {
-        let kind = self.resource.kind;
         let deadline = tokio::time::Instant::now() + PREFERENCE_WAIT;
         let mut changes = self.state.clone();
         loop {
             let state = changes.borrow_and_update().clone();
-            // A whole card is never suggested before the wait is over unless a slice claims it:
-            // the kubelet can ask before this agent's watches show the pod or its slice, and a
-            // guess gives the pod another card than the one its slice names. Shares settle as
-            // soon as nothing is awaited (their devices are interchangeable replicas).
-            let settle = tokio::time::Instant::now() >= deadline
-                || (!kind.whole() && !allocation::awaiting_binding(kind, &state));
+            // Nothing is suggested before the wait is over unless a slice claims it: the
+            // kubelet can ask before this agent's watch shows the pod's slices (the scheduler
+            // writes them and the Binding at once), and a guess gives the pod other devices than
+            // its slices name.
+            let settle = tokio::time::Instant::now() >= deadline;
             if let Some(responses) = self.suggest(&state, request.get_ref(), settle) {
                 return Ok(Response::new(dp::PreferredAllocationResponse {
                     container_responses: responses,

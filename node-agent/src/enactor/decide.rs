@@ -1,9 +1,11 @@
-//! What to do with each GpuSlice of the node, decided without I/O from the slice, its pod and
-//! what the resource layer reports; and which instances no slice claims any more.
+//! What to do with each GpuSlice of the node, decided without I/O from the slice and what the
+//! resource layer reports; and which instances no slice claims any more.
 //!
-//! A slice is enacted only once its pod is bound to this node (gang members may hold slices
-//! before): Bound, then Creating while the instance is made (or found, after a restart), then
-//! Ready. A deleted slice is Releasing until its instance is destroyed; then the finalizer goes.
+//! A slice is enacted once it is placed (see [`SliceInfo::placed`]; a gang member's waits for
+//! the operator to mark it Bound): Bound, then Creating while the instance is made (or found,
+//! after a restart), then Ready. Before any hardware is touched the status shows Bound, so the
+//! operator can tell a slice the agent never acted on. A deleted slice is Releasing until its
+//! instance is destroyed; then the finalizer goes.
 
 use crate::model::{NodeState, SliceInfo, mig_enabled};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -13,17 +15,6 @@ use runtimekit_crds::{
 use runtimekit_proto::resource::v1alpha1 as pb;
 use runtimekit_resource_layer::Reason;
 use std::collections::BTreeSet;
-
-/// Where a slice's pod stands, as far as this node is concerned.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PodBinding {
-    /// The pod with the slice's UID is bound to this node and has not ended.
-    Bound,
-    /// The pod is bound here but has ended (Succeeded or Failed).
-    Ended,
-    /// No pod with the slice's UID is bound to this node (not bound yet, or gone).
-    NotBound,
-}
 
 /// What to do with one slice.
 #[derive(Clone, Debug, PartialEq)]
@@ -60,14 +51,9 @@ pub enum Decision {
     },
 }
 
-/// Decides what to do with `slice`, given whether it carries the finalizer, where its pod is,
-/// and what the agent knows of the node.
-pub fn decide(
-    slice: &SliceInfo,
-    has_finalizer: bool,
-    pod: PodBinding,
-    state: &NodeState,
-) -> Decision {
+/// Decides what to do with `slice`, given whether it carries the finalizer and what the agent
+/// knows of the node.
+pub fn decide(slice: &SliceInfo, has_finalizer: bool, state: &NodeState) -> Decision {
     if slice.deleting {
         return if has_finalizer {
             Decision::Release {
@@ -77,7 +63,7 @@ pub fn decide(
             Decision::Leave
         };
     }
-    if pod != PodBinding::Bound {
+    if !slice.placed() {
         return Decision::Leave;
     }
     let bind_first = matches!(slice.phase, None | Some(SlicePhase::Reserved));
@@ -353,17 +339,17 @@ mod tests {
     }
 
     #[test]
-    fn nothing_happens_before_the_pod_is_bound_here() {
+    fn a_gang_members_slice_waits_until_the_operator_marks_it_bound() {
         let state = four_cards();
-        let s = mig_slice("gang", 0, Some(SlicePhase::Reserved));
-        assert_eq!(
-            decide(&s, true, PodBinding::NotBound, &state),
-            Decision::Leave
-        );
-        assert_eq!(decide(&s, true, PodBinding::Ended, &state), Decision::Leave);
-        match decide(&s, true, PodBinding::Bound, &state) {
+        let mut s = mig_slice("gang", 0, None);
+        s.gang = true;
+        assert_eq!(decide(&s, true, &state), Decision::Leave, "just written");
+        s.phase = Some(SlicePhase::Reserved);
+        assert_eq!(decide(&s, true, &state), Decision::Leave, "reserved");
+        s.phase = Some(SlicePhase::Bound);
+        match decide(&s, true, &state) {
             Decision::Create { bind_first, spec } => {
-                assert!(bind_first);
+                assert!(!bind_first, "the operator showed Bound already");
                 assert_eq!(spec.device_index, 3);
                 assert_eq!(spec.device_uuid, "GPU-3");
                 assert_eq!(
@@ -376,6 +362,15 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+        // Any other slice is its pod's placement from the start, and shows Bound first.
+        let single = mig_slice("single", 0, None);
+        assert!(matches!(
+            decide(&single, true, &state),
+            Decision::Create {
+                bind_first: true,
+                ..
+            }
+        ));
     }
 
     #[test]
@@ -383,7 +378,7 @@ mod tests {
         // After a restart: the instance under the slice's key is still there (ns/a at 4).
         let state = four_cards();
         let ready = mig_slice("a", 4, Some(SlicePhase::Ready));
-        match decide(&ready, true, PodBinding::Bound, &state) {
+        match decide(&ready, true, &state) {
             Decision::Ready {
                 bind_first: false,
                 instance: Some(instance),
@@ -396,7 +391,7 @@ mod tests {
         // Ready, but the instance is gone (the resource layer lost its state): make it again.
         let lost = mig_slice("b", 0, Some(SlicePhase::Ready));
         assert!(matches!(
-            decide(&lost, true, PodBinding::Bound, &state),
+            decide(&lost, true, &state),
             Decision::Create {
                 bind_first: false,
                 ..
@@ -405,7 +400,7 @@ mod tests {
         // A crash between Creating and Ready: create again, which finds the keyed instance.
         let creating = mig_slice("a", 4, Some(SlicePhase::Creating));
         assert!(matches!(
-            decide(&creating, true, PodBinding::Bound, &state),
+            decide(&creating, true, &state),
             Decision::Create {
                 bind_first: false,
                 ..
@@ -419,17 +414,14 @@ mod tests {
         let mut s = slice("t", 0, SliceMode::Tdm, SlicePhase::Ready);
         s.deleting = true;
         assert_eq!(
-            decide(&s, true, PodBinding::NotBound, &state),
+            decide(&s, true, &state),
             Decision::Release { destroy: true }
         );
-        assert_eq!(
-            decide(&s, false, PodBinding::NotBound, &state),
-            Decision::Leave
-        );
+        assert_eq!(decide(&s, false, &state), Decision::Leave);
         let mut w = slice("w", 1, SliceMode::Whole, SlicePhase::Ready);
         w.deleting = true;
         assert_eq!(
-            decide(&w, true, PodBinding::Bound, &state),
+            decide(&w, true, &state),
             Decision::Release { destroy: false }
         );
     }
@@ -439,7 +431,7 @@ mod tests {
         let mut state = four_cards();
         let whole = slice("w", 1, SliceMode::Whole, SlicePhase::Bound);
         assert_eq!(
-            decide(&whole, true, PodBinding::Bound, &state),
+            decide(&whole, true, &state),
             Decision::Ready {
                 bind_first: false,
                 instance: None
@@ -449,7 +441,7 @@ mod tests {
             slice("t", 1, SliceMode::Tdm, SlicePhase::Ready),
             whole.clone(),
         ];
-        match decide(&whole, true, PodBinding::Bound, &state) {
+        match decide(&whole, true, &state) {
             Decision::Fail { reason, message } => {
                 assert_eq!(reason, "CardHoldsSlices");
                 assert!(message.contains("ns/t"), "{message}");
@@ -458,7 +450,7 @@ mod tests {
         }
         let on_mig = slice("m", 3, SliceMode::Whole, SlicePhase::Bound);
         assert!(matches!(
-            decide(&on_mig, true, PodBinding::Bound, &state),
+            decide(&on_mig, true, &state),
             Decision::Fail {
                 reason: "MigModeEnabled",
                 ..
@@ -472,7 +464,7 @@ mod tests {
         let mut s = slice("t", 0, SliceMode::Tdm, SlicePhase::Bound);
         s.card_uuid = "GPU-other".into();
         assert!(matches!(
-            decide(&s, true, PodBinding::Bound, &state),
+            decide(&s, true, &state),
             Decision::Fail {
                 reason: "CardUuidMismatch",
                 ..
@@ -480,7 +472,7 @@ mod tests {
         ));
         s.card = 9;
         assert!(matches!(
-            decide(&s, true, PodBinding::Bound, &state),
+            decide(&s, true, &state),
             Decision::Fail {
                 reason: "NoSuchCard",
                 ..
@@ -495,7 +487,7 @@ mod tests {
             }],
         );
         assert!(matches!(
-            decide(&t, true, PodBinding::Bound, &state),
+            decide(&t, true, &state),
             Decision::Fail {
                 reason: "CardHeldWhole",
                 ..

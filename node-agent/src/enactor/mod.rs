@@ -1,5 +1,6 @@
-//! The GpuSlice enactor: watches the GpuSlices and pods of this node, and for each slice does
-//! what [`decide::decide`] says through the resource layer, showing every step in the slice's
+//! The GpuSlice enactor: watches the GpuSlices of this node (never its pods: the agent's
+//! credentials grant no access to pods at all), and for each slice does what
+//! [`decide::decide`] says through the resource layer, showing every step in the slice's
 //! status (server-side apply, written only when it changes); then destroys the instances no
 //! slice claims.
 //!
@@ -13,18 +14,16 @@ pub mod decide;
 
 use crate::health::FaultState;
 use crate::layer::InventoryRefresher;
-use crate::model::{AwaitedSlice, Inventory, NodeState, SliceInfo, WholeHolder};
+use crate::model::{Inventory, NodeState, SliceInfo, WholeHolder};
 use crate::task::AbortOnDrop;
-use decide::{Decision, Orphan, PodBinding};
+use decide::{Decision, Orphan};
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder};
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource};
-use runtimekit_contract::allocation::Allocation;
 use runtimekit_crds::{
     CONDITION_READY, GpuSlice, GpuSliceStatus, MigInstanceRef, SLICE_FINALIZER, SliceMode,
     SlicePhase,
@@ -62,8 +61,6 @@ pub struct Enactor {
     pub recorder: Recorder,
     /// How often every slice is looked at even without a change.
     pub resync: Duration,
-    /// The annotation holding a pod's allocation.
-    pub allocation_annotation: String,
 }
 
 impl std::fmt::Debug for Enactor {
@@ -109,62 +106,6 @@ fn owned(status: &GpuSliceStatus) -> GpuSliceStatus {
     }
 }
 
-/// Where the pod of a slice is, from the pods bound to this node.
-fn binding(pods: &Store<Pod>, node: &str, slice: &SliceInfo) -> PodBinding {
-    let pod = pods.get(&ObjectRef::new(&slice.pod_name).within(&slice.pod_namespace));
-    let Some(pod) = pod.filter(|p| {
-        p.metadata.uid.as_deref() == Some(slice.pod_uid.as_str())
-            && p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node)
-    }) else {
-        return PodBinding::NotBound;
-    };
-    match pod.status.as_ref().and_then(|s| s.phase.as_deref()) {
-        Some("Succeeded" | "Failed") => PodBinding::Ended,
-        _ => PodBinding::Bound,
-    }
-}
-
-/// The cards that pods bound to `node` were given (their allocation annotation) whose GpuSlices
-/// the agent does not see yet: the scheduler writes a pod's Binding and slices at once, so the
-/// kubelet may admit the pod a moment before its slices arrive, and the device plugin waits for
-/// them rather than guess.
-fn awaited_slices(
-    pods: &Store<Pod>,
-    node: &str,
-    annotation: &str,
-    slices: &[SliceInfo],
-) -> Vec<AwaitedSlice> {
-    let mut awaited = Vec::new();
-    for pod in pods.state() {
-        let ended = matches!(
-            pod.status.as_ref().and_then(|s| s.phase.as_deref()),
-            Some("Succeeded" | "Failed")
-        );
-        if ended || pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) != Some(node) {
-            continue;
-        }
-        let Some(allocation) = pod
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(annotation))
-            .and_then(|text| serde_json::from_str::<Allocation>(text).ok())
-        else {
-            continue;
-        };
-        let namespace = pod.metadata.namespace.clone().unwrap_or_default();
-        for card in allocation.containers.iter().flat_map(|c| &c.cards) {
-            let seen = slices
-                .iter()
-                .any(|s| s.namespace == namespace && s.name == card.slice);
-            if !seen && let Some(slice) = AwaitedSlice::of(card) {
-                awaited.push(slice);
-            }
-        }
-    }
-    awaited
-}
-
 /// What a Ready slice's status says: stable, so a restart finds it unchanged.
 fn ready_message(slice: &SliceInfo, instance: Option<&pb::Instance>) -> String {
     let card = format!("card {} ({})", slice.card, slice.card_uuid);
@@ -202,43 +143,35 @@ fn creating_message(slice: &SliceInfo) -> String {
 }
 
 impl Enactor {
-    /// Watches the node's slices and pods and enacts the slices until the task is dropped.
+    /// Watches the node's slices and enacts them until the task is dropped.
     pub async fn run(self) {
         let selector = format!("spec.nodeName={}", self.node);
         let config = watcher::Config::default().fields(&selector);
         let (slices, slice_writer) = reflector::store::<GpuSlice>();
-        let (pods, pod_writer) = reflector::store::<Pod>();
         let slice_events = reflector::reflector(
             slice_writer,
-            watcher(Api::<GpuSlice>::all(self.client.clone()), config.clone()),
+            watcher(Api::<GpuSlice>::all(self.client.clone()), config),
         )
-        .default_backoff()
-        .map(|e| e.map(|_| ()));
-        let pod_events = reflector::reflector(
-            pod_writer,
-            watcher(Api::<Pod>::all(self.client.clone()), config),
-        )
-        .default_backoff()
-        .map(|e| e.map(|_| ()));
+        .default_backoff();
         let wake = Arc::new(Notify::new());
         let waker = wake.clone();
         let driver = tokio::spawn(async move {
-            let mut events = Box::pin(futures::stream::select(slice_events, pod_events));
+            let mut events = Box::pin(slice_events);
             while let Some(event) = events.next().await {
                 match event {
-                    Ok(()) => waker.notify_one(),
-                    Err(error) => tracing::warn!(%error, "watching the node's slices and pods"),
+                    Ok(_) => waker.notify_one(),
+                    Err(error) => tracing::warn!(%error, "watching the node's slices"),
                 }
             }
         });
         let _driver = AbortOnDrop(driver);
-        if slices.wait_until_ready().await.is_err() || pods.wait_until_ready().await.is_err() {
+        if slices.wait_until_ready().await.is_err() {
             return;
         }
-        tracing::info!(node = %self.node, "watching the node's GpuSlices and pods");
+        tracing::info!(node = %self.node, "watching the node's GpuSlices");
         let mut changes = self.state.subscribe();
         loop {
-            let retry = self.pass(&slices, &pods).await;
+            let retry = self.pass(&slices).await;
             let mut seen = Relevant::of(&changes.borrow_and_update());
             let deadline = tokio::time::Instant::now() + if retry { RETRY } else { self.resync };
             loop {
@@ -263,32 +196,27 @@ impl Enactor {
     }
 
     /// One look at every slice; returns whether something should be retried soon.
-    async fn pass(&self, slices: &Store<GpuSlice>, pods: &Store<Pod>) -> bool {
+    async fn pass(&self, slices: &Store<GpuSlice>) -> bool {
         let reachable = self.inventory.refresh().await;
         let objects = slices.state();
-        let mut infos: Vec<(Arc<GpuSlice>, SliceInfo, PodBinding)> = objects
+        let mut infos: Vec<(Arc<GpuSlice>, SliceInfo)> = objects
             .iter()
-            .filter_map(|o| {
-                let mut info = SliceInfo::from_slice(o)?;
-                let pod = binding(pods, &self.node, &info);
-                info.pod_bound = pod == PodBinding::Bound;
-                Some((o.clone(), info, pod))
-            })
+            .filter_map(|o| Some((o.clone(), SliceInfo::from_slice(o)?)))
             .collect();
-        self.publish(&infos, pods);
+        self.publish(&infos);
         if !reachable {
             return true;
         }
         let snapshot = self.state.borrow().clone();
         let mut retry = false;
         let mut hardware = false;
-        for (object, info, pod) in &mut infos {
+        for (object, info) in &mut infos {
             let has_finalizer = object
                 .metadata
                 .finalizers
                 .as_ref()
                 .is_some_and(|f| f.iter().any(|f| f == SLICE_FINALIZER));
-            let decision = decide::decide(info, has_finalizer, *pod, &snapshot);
+            let decision = decide::decide(info, has_finalizer, &snapshot);
             if decision == Decision::Leave {
                 continue;
             }
@@ -309,9 +237,9 @@ impl Enactor {
             retry |= outcome.retry;
             hardware |= outcome.hardware;
         }
-        self.publish(&infos, pods);
+        self.publish(&infos);
         if let Some(inventory) = &snapshot.inventory {
-            let listed: Vec<SliceInfo> = infos.iter().map(|(_, i, _)| i.clone()).collect();
+            let listed: Vec<SliceInfo> = infos.iter().map(|(_, i)| i.clone()).collect();
             for orphan in decide::orphans(inventory.instances(), &listed) {
                 hardware |= self.destroy_orphan(&orphan).await;
             }
@@ -322,14 +250,11 @@ impl Enactor {
         retry
     }
 
-    fn publish(&self, infos: &[(Arc<GpuSlice>, SliceInfo, PodBinding)], pods: &Store<Pod>) {
-        let slices: Vec<SliceInfo> = infos.iter().map(|(_, i, _)| i.clone()).collect();
-        let awaited = awaited_slices(pods, &self.node, &self.allocation_annotation, &slices);
+    fn publish(&self, infos: &[(Arc<GpuSlice>, SliceInfo)]) {
+        let slices: Vec<SliceInfo> = infos.iter().map(|(_, i)| i.clone()).collect();
         self.state.send_if_modified(|state| {
-            let changed =
-                state.slices != slices || state.awaited != awaited || !state.slices_synced;
+            let changed = state.slices != slices || !state.slices_synced;
             state.slices = slices;
-            state.awaited = awaited;
             state.slices_synced = true;
             changed
         });
@@ -348,7 +273,7 @@ impl Enactor {
         let mut outcome = Outcome::default();
         let bound = || {
             format!(
-                "pod {}/{} is bound to this node; enacting",
+                "pod {}/{} is placed on this node; enacting",
                 slice.pod_namespace, slice.pod_name
             )
         };

@@ -1,7 +1,7 @@
 //! The cards a bound pod holds: its allocation annotation is the truth, the slices it wrote hold
 //! their cards until they are gone, and named slices that are missing are re-created.
 
-use super::{InFlight, RETRY_BACKOFF, Restore, State};
+use super::{InFlight, RETRY_BACKOFF, Restore, State, Unfinalize};
 use kube::ResourceExt;
 use runtimekit_crds::GpuSlice;
 use runtimekit_placement as placement;
@@ -86,7 +86,10 @@ impl State {
             .collect();
         for key in unseen {
             self.work.release.insert(key.clone());
-            self.work.unfinalize.insert(key);
+            self.work
+                .unfinalize
+                .entry(key)
+                .or_insert(Unfinalize::NeverEnacted);
         }
     }
 

@@ -96,11 +96,24 @@ fn split_key(key: &str) -> (&str, &str) {
 pub struct Work {
     /// Slices to delete: their pod ended or is gone (namespace, name).
     pub release: BTreeSet<(String, String)>,
-    /// Slices whose finalizer the operator removes itself, because no agent will: their node is
-    /// gone, or their pod was never bound so nothing was enacted (namespace, name).
-    pub unfinalize: BTreeSet<(String, String)>,
+    /// Slices whose finalizer the operator removes itself, and why (namespace, name).
+    pub unfinalize: BTreeMap<(String, String), Unfinalize>,
+    /// Gang members' slices whose pod is bound now: marked Bound, their node agent enacts them
+    /// (namespace, name).
+    pub mark_bound: BTreeSet<(String, String)>,
     /// Slices whose node agent just reported them Failed, to tell their pods (namespace, name).
     pub failed: BTreeMap<(String, String), SliceFailure>,
+}
+
+/// Why the operator removes a slice's finalizer itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unfinalize {
+    /// Its node is gone, so no agent will: always.
+    NodeGone,
+    /// Its pod was never bound: only while the slice shows that no agent acted on it (no phase,
+    /// or Reserved), checked against the object at the moment of the write; otherwise its agent
+    /// releases what it enacted and removes the finalizer itself.
+    NeverEnacted,
 }
 
 /// A slice its node agent could not enact, as its pod is told.

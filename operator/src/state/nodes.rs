@@ -1,6 +1,6 @@
 //! Nodes as the watch delivers them, placed in the network tree.
 
-use super::{Feed, Now, State};
+use super::{Feed, Now, State, Unfinalize};
 use crate::topology::Position;
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
@@ -65,21 +65,29 @@ impl State {
         }
         // A slice seen before its node (a starting operator's watches race) was taken for one
         // whose node is gone: its agent finalizes it after all, once it has destroyed what it
-        // enacted. Only slices of pods never bound stay the operator's to finalize.
-        let agents: Vec<(String, String)> = self
+        // enacted. Slices of pods never bound stay the operator's to finalize while untouched.
+        let here: Vec<((String, String), bool)> = self
             .work
             .unfinalize
             .iter()
-            .filter(|key| {
-                self.slices.get(*key).is_some_and(|s| {
-                    s.node.as_deref() == Some(name.as_str())
-                        && self.pods.get(&s.pod_uid).is_none_or(|p| p.node.is_some())
+            .filter(|(_, why)| **why == Unfinalize::NodeGone)
+            .filter_map(|(key, _)| {
+                let slice = self.slices.get(key)?;
+                (slice.node.as_deref() == Some(name.as_str())).then(|| {
+                    let never_bound = self
+                        .pods
+                        .get(&slice.pod_uid)
+                        .is_some_and(|p| p.node.is_none());
+                    (key.clone(), never_bound)
                 })
             })
-            .cloned()
             .collect();
-        for key in agents {
-            self.work.unfinalize.remove(&key);
+        for (key, never_bound) in here {
+            if never_bound {
+                self.work.unfinalize.insert(key, Unfinalize::NeverEnacted);
+            } else {
+                self.work.unfinalize.remove(&key);
+            }
         }
         self.nodes.insert(name, info);
     }
@@ -95,7 +103,9 @@ impl State {
             .filter(|(_, s)| s.deleting && s.finalized && s.node.as_deref() == Some(name))
             .map(|(k, _)| k.clone())
             .collect();
-        self.work.unfinalize.extend(stranded);
+        for key in stranded {
+            self.work.unfinalize.insert(key, Unfinalize::NodeGone);
+        }
     }
 
     /// Names of every known node.

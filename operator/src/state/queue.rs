@@ -1,7 +1,7 @@
 //! The pending queue: pods in creation order, per-pod backoff, decisions, and the pods whose
 //! decision is being written.
 
-use super::{InFlight, PodRecord, RETRY_BACKOFF, SliceRecord, State};
+use super::{InFlight, PodRecord, RETRY_BACKOFF, SliceRecord, State, Unfinalize};
 use k8s_openapi::api::core::v1::Pod;
 use runtimekit_contract::Warning;
 use runtimekit_placement as placement;
@@ -244,7 +244,10 @@ impl State {
             for slice in leftovers {
                 let key = (slice.namespace, slice.name);
                 self.work.release.insert(key.clone());
-                self.work.unfinalize.insert(key);
+                self.work
+                    .unfinalize
+                    .entry(key)
+                    .or_insert(Unfinalize::NeverEnacted);
             }
             return Outcome::Skip;
         }

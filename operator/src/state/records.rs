@@ -127,6 +127,10 @@ pub struct SliceRecord {
     pub nics: Vec<String>,
     /// Whether its node agent reports it Failed.
     pub failed: bool,
+    /// Whether it is a gang member's.
+    pub gang: bool,
+    /// Whether its status shows that no agent acted on it yet (no phase, or Reserved).
+    pub untouched: bool,
 }
 
 /// A copy of a pending pod with what scheduling never reads removed (managed fields, container

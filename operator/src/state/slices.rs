@@ -1,7 +1,8 @@
 //! GpuSlices as the watch delivers them: each slice holds its card until the object is gone.
 
 use super::{
-    Feed, Now, RESTORE_GRACE, SliceFailure, SliceRecord, State, namespaced_key, split_key,
+    Feed, Now, RESTORE_GRACE, SliceFailure, SliceRecord, State, Unfinalize, namespaced_key,
+    split_key,
 };
 use kube::ResourceExt;
 use runtimekit_crds::{CONDITION_READY, GpuSlice, SLICE_FINALIZER, SlicePhase};
@@ -64,6 +65,11 @@ impl State {
             input: None,
             nics: slice.spec.nics.clone(),
             failed: false,
+            gang: slice.spec.gang.is_some(),
+            untouched: slice
+                .status
+                .as_ref()
+                .is_none_or(|s| matches!(s.phase, None | Some(SlicePhase::Reserved))),
         };
         // A bound pod's allocation decides its cards: a slice that disagrees with it is released
         // (by `settle_recorded`) rather than counted.
@@ -101,7 +107,9 @@ impl State {
                 .as_ref()
                 .is_some_and(|n| !self.nodes.contains_key(n))
         {
-            self.work.unfinalize.insert(key.clone());
+            self.work
+                .unfinalize
+                .insert(key.clone(), Unfinalize::NodeGone);
         }
         let failure = failure_of(slice);
         record.failed = failure.is_some();
@@ -131,6 +139,7 @@ impl State {
         if recorded.is_some() {
             self.settle_recorded(&pod_uid);
         }
+        self.mark_bound_slices(&pod_uid);
     }
 
     /// Forgets a GpuSlice that is gone; only now does its capacity return.
@@ -157,6 +166,11 @@ impl State {
         if !queued && let Some(restore) = self.restore.get_mut(&record.pod_uid) {
             restore.not_before = Some(now + RESTORE_GRACE);
         }
+    }
+
+    /// Gang slices whose Bound mark failed: tried again with the next work.
+    pub fn mark_bound_again(&mut self, keys: Vec<(String, String)>) {
+        self.work.mark_bound.extend(keys);
     }
 
     /// Keys of every known slice.

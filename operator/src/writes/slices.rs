@@ -1,15 +1,16 @@
 //! Writes to GpuSlices besides their creation: releasing them, removing the node agent's
-//! finalizer where no agent will, and marking a gang member's slice Reserved.
+//! finalizer where no agent will, and marking a gang member's slice Reserved and then Bound.
 
 use super::{apply_body, log_failure};
-use crate::state::Work;
+use crate::state::{Unfinalize, Work};
 use futures::future::join_all;
 use kube::Client;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use runtimekit_crds::{GpuSlice, SLICE_FINALIZER, SlicePhase};
 
-/// Deletes the slices `work` releases and removes the finalizers it names, all at once.
-pub async fn carry_out(client: &Client, work: &Work) {
+/// Deletes the slices `work` releases, removes the finalizers it names and marks Bound the gang
+/// slices it names, all at once. Returns the slices whose Bound mark failed, to try again.
+pub async fn carry_out(client: &Client, work: &Work) -> Vec<(String, String)> {
     join_all(work.release.iter().map(|(namespace, name)| async move {
         let api: Api<GpuSlice> = Api::namespaced(client.clone(), namespace);
         let result = api.delete(name, &DeleteParams::background()).await;
@@ -19,17 +20,41 @@ pub async fn carry_out(client: &Client, work: &Work) {
         log_failure("a slice's release", name, result.map(|_| ()));
     }))
     .await;
-    join_all(work.unfinalize.iter().map(|(namespace, name)| async move {
+    join_all(
+        work.unfinalize
+            .iter()
+            .map(|((namespace, name), why)| async move {
+                let api: Api<GpuSlice> = Api::namespaced(client.clone(), namespace);
+                let result = remove_finalizer(&api, name, *why).await;
+                log_failure("a slice's finalizer", name, result);
+            }),
+    )
+    .await;
+    let marked = join_all(work.mark_bound.iter().map(|(namespace, name)| async move {
         let api: Api<GpuSlice> = Api::namespaced(client.clone(), namespace);
-        let result = remove_finalizer(&api, name).await;
-        log_failure("a slice's finalizer", name, result);
+        let result = mark_bound(&api, name).await;
+        let failed = result.is_err();
+        log_failure("a gang slice's Bound mark", name, result);
+        failed
     }))
     .await;
+    work.mark_bound
+        .iter()
+        .zip(marked)
+        .filter(|(_, failed)| *failed)
+        .map(|(key, _)| key.clone())
+        .collect()
 }
 
 /// Removes the agent's finalizer with a JSON patch guarded by a test of the exact list, so a
-/// concurrent change makes it fail rather than drop someone else's finalizer.
-async fn remove_finalizer(api: &Api<GpuSlice>, name: &str) -> Result<(), kube::Error> {
+/// concurrent change makes it fail rather than drop someone else's finalizer. A slice of a pod
+/// never bound keeps it once its status shows an agent acted (the agent writes Bound before it
+/// touches a card), and the test of the resourceVersion makes that check hold at the write.
+async fn remove_finalizer(
+    api: &Api<GpuSlice>,
+    name: &str,
+    why: Unfinalize,
+) -> Result<(), kube::Error> {
     let slice = match api.get(name).await {
         Ok(s) => s,
         Err(kube::Error::Api(e)) if e.code == 404 => return Ok(()),
@@ -39,15 +64,54 @@ async fn remove_finalizer(api: &Api<GpuSlice>, name: &str) -> Result<(), kube::E
     let Some(index) = finalizers.iter().position(|f| f == SLICE_FINALIZER) else {
         return Ok(());
     };
-    let patch = serde_json::json!([
-        {"op": "test", "path": "/metadata/finalizers", "value": finalizers},
-        {"op": "remove", "path": format!("/metadata/finalizers/{index}")},
-    ]);
+    let mut patch = vec![
+        serde_json::json!({"op": "test", "path": "/metadata/finalizers", "value": finalizers}),
+        serde_json::json!({"op": "remove", "path": format!("/metadata/finalizers/{index}")}),
+    ];
+    if why == Unfinalize::NeverEnacted {
+        let phase = slice.status.as_ref().and_then(|s| s.phase);
+        if !matches!(phase, None | Some(SlicePhase::Reserved)) {
+            tracing::debug!(
+                slice = name,
+                ?phase,
+                "its node agent acted on it and releases it"
+            );
+            return Ok(());
+        }
+        let version = slice.metadata.resource_version.clone().unwrap_or_default();
+        patch.insert(
+            0,
+            serde_json::json!({"op": "test", "path": "/metadata/resourceVersion", "value": version}),
+        );
+    }
     let patch: json_patch::Patch =
-        serde_json::from_value(patch).map_err(kube::Error::SerdeError)?;
+        serde_json::from_value(serde_json::Value::Array(patch)).map_err(kube::Error::SerdeError)?;
     api.patch(name, &PatchParams::default(), &Patch::Json::<()>(patch))
         .await
         .map(|_| ())
+}
+
+/// Marks a gang member's slice Bound once its pod is: the node agent enacts it now. Written as
+/// the gang controller's field manager without force, so it never overwrites a phase the agent
+/// has written since.
+async fn mark_bound(api: &Api<GpuSlice>, name: &str) -> Result<(), kube::Error> {
+    let body = apply_body::<GpuSlice>(serde_json::json!({"status": {
+        "phase": SlicePhase::Bound,
+        "message": "the pod is bound to this node; waiting for the node agent",
+    }}));
+    match api
+        .patch_status(
+            name,
+            &PatchParams::apply(super::GANGS),
+            &Patch::Apply(&body),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        // Gone, or the agent owns the phase already: nothing left to mark.
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(()),
+        Err(e) => Err(e),
+    }
 }
 
 /// Marks a gang member's slice Reserved as `manager`: written, not yet bound. Best effort: the
