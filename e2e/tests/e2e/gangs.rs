@@ -26,6 +26,7 @@ pub const TESTS: &[Test] = tests![
     late_members_join_after_a_timed_out_attempt,
     gang_that_never_runs_keeps_its_bound_members,
     gang_that_opts_in_deletes_its_bound_members,
+    gang_of_bare_pods_is_created_and_collected_with_them,
 ];
 
 /// The usage guide's JobSet (section 4.2), verbatim.
@@ -558,6 +559,60 @@ async fn gang_that_opts_in_deletes_its_bound_members(ctx: TestContext) -> Result
         )
         .await
         .context("the deleted members' slices")?;
+        Ok(())
+    })
+    .await
+}
+
+/// A gang of pods labelled with a gang name and no GangGroup: the operator creates it, owned by
+/// the members, and the garbage collector takes it when they are gone.
+async fn gang_of_bare_pods_is_created_and_collected_with_them(ctx: TestContext) -> Result<()> {
+    with_operator(ctx, |ctx| async move {
+        gpu_node(&ctx, "h800", h800_node(), vec![], &[]).await?;
+        for i in 0..2 {
+            create_pod(&ctx, member(&format!("b{i}"), "bare", 2)).await?;
+        }
+        gang_status(
+            &ctx,
+            "bare",
+            "the created gang to bind",
+            Duration::from_secs(30),
+            |s| s.members.as_ref().is_some_and(|m| m.bound == 2),
+        )
+        .await?;
+        // Created when the first member appeared, owned by the members that existed then.
+        let gang = ctx.api::<GangGroup>().get("bare").await?;
+        let owners: Vec<(String, String)> = gang
+            .owner_references()
+            .iter()
+            .map(|o| (o.kind.clone(), o.name.clone()))
+            .collect();
+        ensure!(
+            !owners.is_empty()
+                && owners
+                    .iter()
+                    .all(|(kind, name)| kind == "Pod" && ["b0", "b1"].contains(&name.as_str())),
+            "owned by its members: {owners:?}"
+        );
+        ctx.api::<Pod>()
+            .delete_collection(
+                &DeleteParams::default().grace_period(0),
+                &ListParams::default(),
+            )
+            .await?;
+        ctx.wait_for(
+            "the GangGroup to be collected",
+            Duration::from_secs(60),
+            || async {
+                Ok(ctx
+                    .api::<GangGroup>()
+                    .get_opt("bare")
+                    .await?
+                    .is_none()
+                    .then_some(()))
+            },
+        )
+        .await?;
         Ok(())
     })
     .await

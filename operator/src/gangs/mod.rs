@@ -150,6 +150,44 @@ struct Member {
     pod: Option<Arc<Pod>>,
 }
 
+/// Who owns a GangGroup created for pods outside a JobSet: the controller of every member when
+/// they share one (a Job, a StatefulSet), else the members that exist now; once those are all
+/// gone the GangGroup goes, and members that come later have it created again.
+fn members_owner(members: &[Member]) -> Vec<OwnerReference> {
+    let controllers: Vec<Option<&OwnerReference>> = members
+        .iter()
+        .map(|m| {
+            m.pod.as_ref().and_then(|p| {
+                p.owner_references()
+                    .iter()
+                    .find(|o| o.controller == Some(true))
+            })
+        })
+        .collect();
+    if let Some(Some(first)) = controllers.first()
+        && controllers
+            .iter()
+            .all(|c| c.is_some_and(|c| c.uid == first.uid))
+    {
+        return vec![OwnerReference {
+            controller: None,
+            block_owner_deletion: None,
+            ..(*first).clone()
+        }];
+    }
+    members
+        .iter()
+        .map(|m| OwnerReference {
+            api_version: "v1".into(),
+            kind: "Pod".into(),
+            name: m.name.clone(),
+            uid: m.uid.clone(),
+            controller: None,
+            block_owner_deletion: None,
+        })
+        .collect()
+}
+
 impl Controller {
     /// The phase of a gang held after a failed write, which this pass leaves alone; `None` for a
     /// gang to reconcile.
@@ -272,13 +310,14 @@ impl Controller {
         }
     }
 
-    /// Creates the GangGroup of pods that carry the min-member label, owned by their JobSet.
+    /// Creates the GangGroup of pods that carry the min-member label, owned by their JobSet, or
+    /// else as [`members_owner`] says, so the garbage collector deletes it with them.
     async fn create(&self, namespace: &str, name: &str, snapshot: &Snapshot) {
-        let mut owner = None;
+        let mut owners: Vec<OwnerReference> = Vec::new();
         if let Some(job_set) = &snapshot.job_set {
             let api: Api<JobSet> = Api::namespaced(self.client.clone(), namespace);
             if let Ok(js) = api.get(job_set).await {
-                owner = Some(OwnerReference {
+                owners.push(OwnerReference {
                     api_version: "jobset.x-k8s.io/v1alpha2".into(),
                     kind: "JobSet".into(),
                     name: js.name_any(),
@@ -287,12 +326,14 @@ impl Controller {
                     block_owner_deletion: None,
                 });
             }
+        } else {
+            owners = members_owner(&snapshot.members);
         }
         let gang = GangGroup {
             metadata: ObjectMeta {
                 name: Some(name.into()),
                 namespace: Some(namespace.into()),
-                owner_references: owner.map(|o| vec![o]),
+                owner_references: (!owners.is_empty()).then_some(owners),
                 ..ObjectMeta::default()
             },
             spec: GangGroupSpec {
@@ -446,9 +487,49 @@ impl Controller {
 
 #[cfg(test)]
 mod tests {
-    use super::{Hold, WRITE_BACKOFF};
+    use super::{Hold, Member, WRITE_BACKOFF, members_owner};
     use runtimekit_crds::{GangGroup, GangGroupSpec, OnTimeout, Tier};
+    use std::sync::Arc;
     use std::time::Instant;
+
+    fn member_of(name: &str, job: Option<&str>) -> Member {
+        let pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "uid": format!("uid-{name}"), "ownerReferences": job.map(|j| vec![
+                serde_json::json!({"apiVersion": "batch/v1", "kind": "Job", "name": j, "uid": format!("uid-{j}"), "controller": true}),
+            ])},
+        }))
+        .expect("pod");
+        Member {
+            uid: format!("uid-{name}"),
+            name: name.into(),
+            bound: false,
+            running: false,
+            succeeded: false,
+            pod: Some(Arc::new(pod)),
+        }
+    }
+
+    #[test]
+    fn a_created_gang_is_owned_by_its_members_controller_or_else_by_them() {
+        let shared = [member_of("a", Some("job")), member_of("b", Some("job"))];
+        let owners: Vec<(String, String, Option<bool>)> = members_owner(&shared)
+            .into_iter()
+            .map(|o| (o.kind, o.name, o.controller))
+            .collect();
+        assert_eq!(owners, [("Job".to_owned(), "job".to_owned(), None)]);
+        let mixed = [member_of("a", Some("job")), member_of("b", None)];
+        let owners: Vec<(String, String)> = members_owner(&mixed)
+            .into_iter()
+            .map(|o| (o.kind, o.name))
+            .collect();
+        assert_eq!(
+            owners,
+            [
+                ("Pod".to_owned(), "a".to_owned()),
+                ("Pod".to_owned(), "b".to_owned())
+            ]
+        );
+    }
 
     fn api_error(code: u16) -> kube::Error {
         let status = serde_json::from_value(serde_json::json!({
