@@ -26,8 +26,8 @@ fmt:
 lint:
     cargo clippy --workspace --all-targets --locked -- -D warnings
 
-# Every test of the workspace (the end-to-end suite starts a real control plane), then one line of totals.
-unit:
+# Every test of the workspace (the end-to-end suite starts a real control plane and a real node), then one line of totals.
+unit: node-packages
     #!/usr/bin/env bash
     set -euo pipefail
     log=$(mktemp)
@@ -36,10 +36,14 @@ unit:
     awk '/^test result:/ { passed += $4; failed += $6 } END { printf "%d passed, %d failed\n", passed, failed }' "$log"
 
 # Only the end-to-end suite against a real control plane (arguments filter tests by name).
-e2e *filter:
+e2e *filter: node-packages
     cargo test --locked -p runtimekit-e2e --test e2e -- {{filter}}
 
-# Start a local control plane (etcd, kube-apiserver, controller-manager, JobSet, kwok) that keeps running.
+# Install the Debian packages the real node needs (containerd, runc, CNI plugins, busybox-static, umoci), if missing.
+node-packages:
+    e2e/scripts/install-node-packages.sh
+
+# Start a local control plane (etcd, kube-apiserver, controller-manager, JobSet, kwok) that keeps running; `--real-node` adds a real node (containerd and the kubelet).
 up *flags:
     cargo run --quiet --locked -p runtimekit-e2e --bin runtimekit-cluster -- up {{flags}}
 

@@ -45,7 +45,7 @@ build_k8s() {
   local cmd=k8s.io/kubernetes/cmd
   build k8s "$v" "$flags" kube-apiserver=$cmd/kube-apiserver \
     kube-controller-manager=$cmd/kube-controller-manager kube-scheduler=$cmd/kube-scheduler \
-    kubectl=$cmd/kubectl
+    kubectl=$cmd/kubectl kubelet=$cmd/kubelet
 }
 
 build_etcd() {

@@ -3,6 +3,7 @@
 //! ready, and stopped by the PIDs it recorded.
 
 use crate::pki::Pki;
+use crate::real_node;
 use crate::tools::Tools;
 use anyhow::{Context, Result, anyhow, bail};
 use k8s_openapi::api::admissionregistration::v1::{
@@ -132,6 +133,7 @@ impl Cluster {
         }
         // A stopped cluster's state is not reused: every start is a fresh cluster.
         if dir.exists() {
+            real_node::unmount_all(&dir);
             std::fs::remove_dir_all(&dir).with_context(|| format!("clearing {}", dir.display()))?;
         }
         std::fs::create_dir_all(dir.join("logs"))?;
@@ -377,12 +379,21 @@ impl Cluster {
     /// Stops every component, newest first: SIGTERM, then SIGKILL after a grace period.
     pub fn stop(&mut self) {
         while let Some(mut component) = self.components.pop() {
+            if component.name == "containerd" {
+                real_node::kill_containers(&self.dir);
+            }
             stop_pid(component.pid, component.child.as_mut());
         }
+        real_node::unmount_all(&self.dir);
         let _ = std::fs::remove_file(self.dir.join(PID_FILE));
     }
 
-    fn spawn(&mut self, name: &'static str, program: &Path, args: &[String]) -> Result<()> {
+    pub(crate) fn spawn(
+        &mut self,
+        name: &'static str,
+        program: &Path,
+        args: &[String],
+    ) -> Result<()> {
         let log = self.dir.join("logs").join(format!("{name}.log"));
         let file = File::options().create(true).append(true).open(&log)?;
         let mut command = Command::new(program);
@@ -503,7 +514,7 @@ pub fn stop_recorded(dir: &Path) -> Result<usize> {
     let mut stopped = 0;
     for line in text.lines().rev() {
         let mut fields = line.splitn(3, ' ');
-        let (Some(_name), Some(pid), Some(program)) = (fields.next(), fields.next(), fields.next())
+        let (Some(name), Some(pid), Some(program)) = (fields.next(), fields.next(), fields.next())
         else {
             continue;
         };
@@ -513,10 +524,14 @@ pub fn stop_recorded(dir: &Path) -> Result<usize> {
         let running = std::fs::read_link(format!("/proc/{pid}/exe"))
             .is_ok_and(|exe| exe == Path::new(program));
         if running {
+            if name == "containerd" {
+                real_node::kill_containers(dir);
+            }
             stop_pid(pid, None);
             stopped += 1;
         }
     }
+    real_node::unmount_all(dir);
     std::fs::remove_file(&path)?;
     Ok(stopped)
 }

@@ -5,6 +5,7 @@ pub mod cluster;
 pub mod harness;
 pub mod load;
 pub mod pki;
+pub mod real_node;
 pub mod tools;
 
 pub use cluster::{Cluster, ClusterOptions};

@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 use runtimekit_e2e::cluster::{Cluster, ClusterOptions, stop_recorded};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Instant;
 
 #[derive(Parser, Debug)]
 #[command(about = "Start or stop a local control plane for development and the demo")]
@@ -24,6 +25,10 @@ enum Command {
         /// Also start kube-scheduler.
         #[arg(long)]
         kube_scheduler: bool,
+        /// Also start a real node (containerd and the kubelet) named NAME; needs root and
+        /// e2e/scripts/install-node-packages.sh.
+        #[arg(long, value_name = "NAME", num_args = 0..=1, default_missing_value = "real-node")]
+        real_node: Option<String>,
     },
     /// Stop the processes `up` started.
     Down,
@@ -40,16 +45,29 @@ async fn main() -> ExitCode {
         }
     };
     match cli.command {
-        Command::Up { kube_scheduler } => {
-            match Cluster::start(ClusterOptions {
-                dir: dir.clone(),
-                detached: true,
-                kube_scheduler,
-                profiling: false,
-            })
-            .await
-            {
+        Command::Up {
+            kube_scheduler,
+            real_node,
+        } => {
+            let started = Instant::now();
+            let up = async {
+                let mut cluster = Cluster::start(ClusterOptions {
+                    dir: dir.clone(),
+                    detached: true,
+                    kube_scheduler,
+                    profiling: false,
+                })
+                .await?;
+                if let Some(name) = real_node {
+                    let node = cluster.start_real_node(&name)?;
+                    node.wait_ready(&cluster.client().await?).await?;
+                    println!("real node {name} is Ready");
+                }
+                anyhow::Ok(cluster)
+            };
+            match up.await {
                 Ok(cluster) => {
+                    println!("up in {:.1} s", started.elapsed().as_secs_f64());
                     println!(
                         "control plane running; logs in {}",
                         dir.join("logs").display()
@@ -60,6 +78,7 @@ async fn main() -> ExitCode {
                 }
                 Err(e) => {
                     eprintln!("error: {e:#}");
+                    let _ = stop_recorded(&dir);
                     ExitCode::FAILURE
                 }
             }

@@ -1,12 +1,21 @@
-//! What a test does with the shared control plane: restart its kube-apiserver or etcd, and connect as
-//! another user (a client certificate from the cluster's PKI, or a bearer token).
+//! What a test does with the shared control plane: restart its kube-apiserver or etcd, connect as
+//! another user (a client certificate from the cluster's PKI, or a bearer token), and use the
+//! run's real node.
 
 use super::context::TestContext;
 use crate::cluster::Cluster;
+use crate::real_node::RealNode;
 use anyhow::{Context, Result};
 use kube::Client;
 use std::path::PathBuf;
 use std::time::Duration;
+use tokio::sync::OnceCell;
+
+/// The name of the run's real node.
+pub const REAL_NODE: &str = "real-node";
+
+/// The run's real node, started by the first test that asks for it.
+static STARTED: OnceCell<RealNode> = OnceCell::const_new();
 
 impl TestContext {
     /// Runs `f` on the running control plane.
@@ -67,6 +76,21 @@ impl TestContext {
         let path = self.scratch_dir()?.join(format!("kubeconfig-{file}"));
         std::fs::write(&path, text)?;
         Ok(path)
+    }
+
+    /// The run's real node (containerd and the kubelet on this machine), started and waited for
+    /// until Ready by the first test that asks; it runs until the run ends.
+    pub async fn real_node(&self) -> Result<RealNode> {
+        let node = STARTED
+            .get_or_try_init(|| async {
+                let node = tokio::task::block_in_place(|| {
+                    self.with_cluster(|cluster| cluster.start_real_node(REAL_NODE))
+                })?;
+                node.wait_ready(&self.client).await?;
+                anyhow::Ok(node)
+            })
+            .await?;
+        Ok(node.clone())
     }
 
     /// A client that authenticates as `user` in `groups` with a client certificate.

@@ -1,6 +1,7 @@
 //! End-to-end tests against a real control plane (etcd, kube-apiserver, kube-controller-manager,
-//! JobSet, kwok) that this binary starts once for the whole run and stops at the end, also when
-//! a test fails or the run is interrupted.
+//! JobSet, kwok, and a real node with containerd and the kubelet once a test asks for it) that
+//! this binary starts once for the whole run and stops at the end, also when a test fails or the
+//! run is interrupted.
 
 mod contract_policy;
 mod control_plane;
@@ -8,6 +9,7 @@ mod faults;
 mod gangs;
 mod node_agent;
 mod operator;
+mod real_node;
 mod trust;
 
 use libtest_mimic::Arguments;
@@ -25,6 +27,7 @@ fn tests() -> Vec<Test> {
         contract_policy::TESTS,
         faults::TESTS,
         node_agent::TESTS,
+        real_node::TESTS,
     ]
     .concat()
 }

@@ -1,0 +1,442 @@
+//! One real node on this machine: containerd with its CRI plugin, runc and CNI, images built
+//! here (no registry), and the kubelet at the control plane's version. Everything lives in the
+//! cluster's folder, binds to 127.0.0.1 and is started and stopped by PID with the rest of the
+//! cluster; stopping also kills the node's containers and unmounts what it mounted.
+//!
+//! The launcher plays the cloud controller: the kubelet runs with `--cloud-provider=external`,
+//! and the launcher gives the Node its one address, 127.0.0.1 (the kubelet refuses a loopback
+//! `--node-ip`), so `kubectl logs` and `exec` reach the kubelet on loopback.
+
+use crate::cluster::Cluster;
+use crate::tools::repo_root;
+use anyhow::{Context, Result, bail};
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, Patch, PatchParams};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// The label every GPU node of the kit carries.
+pub const ENABLE_LABEL: &str = "lj_runtimekit_enable";
+/// Where the node's files live, under the cluster's folder.
+const NODE_DIR: &str = "node";
+/// The taint a kubelet with an external cloud provider registers with.
+const UNINITIALIZED: &str = "node.cloudprovider.kubernetes.io/uninitialized";
+/// The kubelet's device-plugin folder: fixed in the kubelet, so one real node per machine.
+const DEVICE_PLUGINS: &str = "/var/lib/kubelet/device-plugins";
+/// How long containerd and the kubelet may take to come up.
+const READY_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// A real node that was started.
+#[derive(Debug, Clone)]
+pub struct RealNode {
+    /// The Node's name.
+    pub name: String,
+    /// Its folder.
+    pub dir: PathBuf,
+    /// containerd's socket.
+    pub containerd_socket: PathBuf,
+    /// Where the kubelet writes containers' logs.
+    pub pod_logs: PathBuf,
+    /// The kubelet's healthz port on 127.0.0.1.
+    pub healthz_port: u16,
+}
+
+/// What the node's processes need from the host, with how to get it.
+fn check_host() -> Result<()> {
+    let missing: Vec<&str> = ["containerd", "runc", "ctr", "umoci", "busybox"]
+        .into_iter()
+        .filter(|tool| find_command(tool).is_none())
+        .chain(
+            [
+                "/usr/lib/cni/ptp",
+                "/usr/lib/cni/host-local",
+                "/usr/lib/cni/loopback",
+            ]
+            .into_iter()
+            .filter(|p| !Path::new(p).exists()),
+        )
+        .collect();
+    if !missing.is_empty() {
+        bail!(
+            "the real node needs {} (install with e2e/scripts/install-node-packages.sh)",
+            missing.join(", ")
+        );
+    }
+    if !nix::unistd::geteuid().is_root() {
+        bail!("the real node runs containerd and the kubelet, which need root");
+    }
+    let socket = Path::new(DEVICE_PLUGINS).join("kubelet.sock");
+    if std::os::unix::net::UnixStream::connect(&socket).is_ok() {
+        bail!(
+            "another kubelet serves {} on this machine; the kubelet fixes that folder, so only one real node can run here",
+            socket.display()
+        );
+    }
+    Ok(())
+}
+
+/// Where `name` is on PATH.
+fn find_command(name: &str) -> Option<PathBuf> {
+    let paths = std::env::var_os("PATH")?;
+    std::env::split_paths(&paths)
+        .map(|dir| dir.join(name))
+        .find(|p| p.is_file())
+}
+
+fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+impl Cluster {
+    /// Starts the real node `name`: containerd, its images, then the kubelet. Returns once both
+    /// run; [`RealNode::wait_ready`] waits for the Node to be Ready.
+    pub fn start_real_node(&mut self, name: &str) -> Result<RealNode> {
+        check_host()?;
+        let dir = self.dir.join(NODE_DIR);
+        for sub in ["containerd", "cni/net.d", "kubelet", "pod-logs"] {
+            std::fs::create_dir_all(dir.join(sub))?;
+        }
+        let ctrd = dir.join("containerd");
+        let socket = ctrd.join("containerd.sock");
+        let (pause, images) = build_images()?;
+        std::fs::write(
+            ctrd.join("config.toml"),
+            containerd_config(&ctrd, &dir.join("cni"), &pause),
+        )?;
+        // A subnet per run, so a second cluster's pods do not take the same addresses.
+        let subnet = 1 + std::process::id() % 250;
+        std::fs::write(
+            dir.join("cni/net.d/10-runtimekit.conflist"),
+            serde_json::json!({
+                "cniVersion": "1.0.0", "name": "runtimekit",
+                "plugins": [
+                    {"type": "ptp", "ipMasq": false, "ipam": {
+                        "type": "host-local",
+                        "ranges": [[{"subnet": format!("10.244.{subnet}.0/24")}]],
+                        "dataDir": dir.join("cni/ipam"),
+                    }},
+                    {"type": "loopback"},
+                ],
+            })
+            .to_string(),
+        )?;
+        let containerd = find_command("containerd").context("containerd is not on PATH")?;
+        self.spawn(
+            "containerd",
+            &containerd,
+            &[format!("--config={}", ctrd.join("config.toml").display())],
+        )?;
+        let node = RealNode {
+            name: name.to_owned(),
+            dir: dir.clone(),
+            containerd_socket: socket,
+            pod_logs: dir.join("pod-logs"),
+            healthz_port: free_port()?,
+        };
+        node.wait_for_containerd()?;
+        for (reference, tar) in &images {
+            node.import(reference, tar)?;
+        }
+
+        let identity = self
+            .pki
+            .client(&format!("system:node:{name}"), &["system:nodes"])?;
+        let kubeconfig = dir.join("kubelet.kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            self.pki.kubeconfig(&self.server, "kubelet", &identity),
+        )?;
+        let config = dir.join("kubelet.yaml");
+        std::fs::write(&config, kubelet_config(&node, free_port()?))?;
+        let kubelet = self.tools.k8s.join("kubelet");
+        self.spawn(
+            "kubelet",
+            &kubelet,
+            &[
+                format!("--config={}", config.display()),
+                format!("--kubeconfig={}", kubeconfig.display()),
+                format!("--root-dir={}", dir.join("kubelet").display()),
+                format!("--cert-dir={}", dir.join("kubelet-pki").display()),
+                format!("--hostname-override={name}"),
+                "--cloud-provider=external".into(),
+                format!("--node-labels={ENABLE_LABEL}=true"),
+            ],
+        )?;
+        Ok(node)
+    }
+}
+
+impl RealNode {
+    /// A `ctr` command against this node's containerd, in the CRI namespace.
+    pub fn ctr(&self) -> Command {
+        let mut command = Command::new("ctr");
+        command
+            .arg("--address")
+            .arg(&self.containerd_socket)
+            .args(["--namespace", "k8s.io"]);
+        command
+    }
+
+    fn wait_for_containerd(&self) -> Result<()> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            let version = self.ctr().arg("version").output()?;
+            if version.status.success() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "containerd did not answer on {} within {READY_TIMEOUT:?}: {}",
+                    self.containerd_socket.display(),
+                    String::from_utf8_lossy(&version.stderr)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn import(&self, reference: &str, tar: &Path) -> Result<()> {
+        let base = reference.rsplit_once(':').map_or(reference, |(b, _)| b);
+        let output = self
+            .ctr()
+            .args(["images", "import", "--base-name", base])
+            .arg(tar)
+            .output()?;
+        if !output.status.success() {
+            bail!(
+                "importing {reference} from {}: {}",
+                tar.display(),
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        Ok(())
+    }
+
+    /// Waits until the kubelet is healthy, gives the Node its address and removes the taint a
+    /// cloud controller would, then waits until the Node is Ready.
+    pub async fn wait_ready(&self, client: &kube::Client) -> Result<()> {
+        let nodes: Api<Node> = Api::all(client.clone());
+        let deadline = Instant::now() + READY_TIMEOUT;
+        let healthz = std::net::SocketAddr::from(([127, 0, 0, 1], self.healthz_port));
+        loop {
+            let healthy = crate::tools::http_get(healthz, "/healthz")
+                .is_ok_and(|r| r.starts_with("HTTP/1.1 200") || r.starts_with("HTTP/1.0 200"));
+            if let Some(node) = nodes.get_opt(&self.name).await?.filter(|_| healthy) {
+                let addressed = addresses(&node) == ["127.0.0.1"];
+                if !addressed {
+                    let addresses = serde_json::json!({"status": {"addresses": [
+                        {"type": "InternalIP", "address": "127.0.0.1"},
+                    ]}});
+                    nodes
+                        .patch_status(
+                            &self.name,
+                            &PatchParams::default(),
+                            &Patch::Merge(&addresses),
+                        )
+                        .await
+                        .context("giving the real node its address")?;
+                } else if tainted(&node) {
+                    self.untaint(&nodes, &node).await?;
+                } else if ready(&node) {
+                    return Ok(());
+                }
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "node {} was not Ready within {READY_TIMEOUT:?}; see the kubelet's and containerd's logs in {}",
+                    self.name,
+                    self.dir
+                        .parent()
+                        .unwrap_or(&self.dir)
+                        .join("logs")
+                        .display()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// Removes the uninitialized taint, guarded by the resourceVersion read (a conflict is
+    /// tried again by the caller's next look).
+    async fn untaint(&self, nodes: &Api<Node>, node: &Node) -> Result<()> {
+        let taints: Vec<_> = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.clone())
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|t| t.key != UNINITIALIZED)
+            .collect();
+        let version = node.metadata.resource_version.clone().unwrap_or_default();
+        let untaint = serde_json::json!({
+            "metadata": {"resourceVersion": version},
+            "spec": {"taints": taints},
+        });
+        match nodes
+            .patch(&self.name, &PatchParams::default(), &Patch::Merge(&untaint))
+            .await
+        {
+            Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+            result => result
+                .map(|_| ())
+                .context("removing the real node's uninitialized taint"),
+        }
+    }
+}
+
+fn addresses(node: &Node) -> Vec<&str> {
+    node.status
+        .as_ref()
+        .and_then(|s| s.addresses.as_ref())
+        .map(|a| a.iter().map(|a| a.address.as_str()).collect())
+        .unwrap_or_default()
+}
+
+fn ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+fn tainted(node: &Node) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|t| t.iter().any(|t| t.key == UNINITIALIZED))
+}
+
+/// Builds (or finds cached) the node's images; returns the pause image's reference and every
+/// image as (reference, tar).
+fn build_images() -> Result<(String, Vec<(String, PathBuf)>)> {
+    let script = repo_root().join("e2e/scripts/build-images.sh");
+    let output = Command::new(&script)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .with_context(|| format!("running {}", script.display()))?;
+    if !output.status.success() {
+        bail!("{} failed ({})", script.display(), output.status);
+    }
+    let images: Vec<(String, PathBuf)> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .map(|(r, t)| (r.to_owned(), PathBuf::from(t)))
+        .collect();
+    let pause = images
+        .iter()
+        .map(|(r, _)| r.clone())
+        .find(|r| r.contains("/pause:"))
+        .context("build-images.sh printed no pause image")?;
+    Ok((pause, images))
+}
+
+/// containerd 1.6's configuration: everything under `dir`, runc as the default handler, and
+/// `oom_score_adj` left alone (root here lacks CAP_SYS_RESOURCE to lower it).
+fn containerd_config(dir: &Path, cni: &Path, pause: &str) -> String {
+    let d = dir.display();
+    format!(
+        r#"version = 2
+root = "{d}/root"
+state = "{d}/state"
+[grpc]
+  address = "{d}/containerd.sock"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{d}/opt"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{pause}"
+  restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    default_runtime_name = "runc"
+  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+    runtime_type = "io.containerd.runc.v2"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+      SystemdCgroup = false
+      Root = "{d}/runc"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "{cni}/net.d"
+"#,
+        cni = cni.display()
+    )
+}
+
+/// The kubelet's configuration for cgroup v1 on this kind of machine, serving on 127.0.0.1 only.
+fn kubelet_config(node: &RealNode, port: u16) -> String {
+    format!(
+        r#"apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+cgroupDriver: cgroupfs
+failCgroupV1: false
+failSwapOn: false
+containerRuntimeEndpoint: unix://{socket}
+address: 127.0.0.1
+port: {port}
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: {healthz}
+authentication: {{anonymous: {{enabled: true}}, webhook: {{enabled: false}}}}
+authorization: {{mode: AlwaysAllow}}
+oomScoreAdj: 0
+maxOpenFiles: 20000
+makeIPTablesUtilChains: false
+imageGCHighThresholdPercent: 100
+evictionHard: {{nodefs.available: "0%", nodefs.inodesFree: "0%", imagefs.available: "0%"}}
+podLogsDir: {logs}
+volumePluginDir: {plugins}
+"#,
+        socket = node.containerd_socket.display(),
+        healthz = node.healthz_port,
+        logs = node.pod_logs.display(),
+        plugins = node.dir.join("volume-plugins").display(),
+    )
+}
+
+/// Kills the containers of the real node under `cluster_dir`, while its containerd still runs:
+/// its shims and containers do not stop with it.
+pub fn kill_containers(cluster_dir: &Path) {
+    let socket = cluster_dir
+        .join(NODE_DIR)
+        .join("containerd/containerd.sock");
+    if !socket.exists() {
+        return;
+    }
+    let ctr = |args: &[&str]| {
+        Command::new("timeout")
+            .arg("10")
+            .arg("ctr")
+            .arg("--address")
+            .arg(&socket)
+            .args(["--namespace", "k8s.io"])
+            .args(args)
+            .output()
+    };
+    let Ok(listed) = ctr(&["tasks", "ls", "--quiet"]) else {
+        return;
+    };
+    for task in String::from_utf8_lossy(&listed.stdout).lines() {
+        let _ = ctr(&["tasks", "kill", "--all", "--signal", "SIGKILL", task]);
+        let _ = ctr(&["tasks", "delete", "--force", task]);
+    }
+}
+
+/// Unmounts everything mounted under `cluster_dir` (the kubelet's root folder, volumes,
+/// containerd's snapshots and network namespaces), deepest first, so the folder can go.
+pub fn unmount_all(cluster_dir: &Path) {
+    let Ok(mounts) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return;
+    };
+    let mut points: Vec<PathBuf> = mounts
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|p| PathBuf::from(p.replace("\\040", " ")))
+        .filter(|p| p.starts_with(cluster_dir))
+        .collect();
+    points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    points.dedup();
+    for point in points {
+        let _ = nix::mount::umount2(&point, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
