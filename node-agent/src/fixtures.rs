@@ -105,6 +105,7 @@ pub(crate) fn four_cards() -> NodeState {
     let mut inventory = Inventory::default();
     inventory.merge(
         pb::ListDevicesResponse {
+            control_nodes: Vec::new(),
             devices,
             nics: vec![pb::Nic {
                 name: "mlx5_0".into(),

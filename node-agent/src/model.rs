@@ -287,6 +287,7 @@ mod tests {
         let mut inventory = Inventory::default();
         inventory.merge(
             pb::ListDevicesResponse {
+                control_nodes: Vec::new(),
                 devices: vec![
                     device(0, pb::DeviceState::Ok, "H800"),
                     device(1, pb::DeviceState::Ok, "H800"),
@@ -306,6 +307,7 @@ mod tests {
                 devices: vec![device(1, pb::DeviceState::Lost, "")],
                 nics: vec![],
                 paths: vec![],
+                ..Default::default()
             },
             &[1],
         );
@@ -325,6 +327,7 @@ mod tests {
                 devices: vec![device(0, pb::DeviceState::Ok, "H800")],
                 nics: vec![],
                 paths: vec![],
+                ..Default::default()
             },
             &[],
         );

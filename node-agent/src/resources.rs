@@ -291,6 +291,7 @@ mod tests {
         let mut inventory = Inventory::default();
         inventory.merge(
             pb::ListDevicesResponse {
+                control_nodes: Vec::new(),
                 devices: vec![
                     card(0, pb::Vendor::Nvidia, 81559, false),
                     card(1, pb::Vendor::Nvidia, 81559, false),

@@ -3,6 +3,7 @@
 //! Methods are blocking (NVML is a blocking C library, and a simulated hang blocks like a real
 //! one); the gRPC layer runs them on the blocking pool and answers at the caller's deadline.
 
+use crate::device_nodes::DeviceNodes;
 use crate::error::LayerError;
 use crate::health::HealthHub;
 use crate::instances::CreateRequest;
@@ -46,6 +47,10 @@ pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
 
     /// The health hub of this backend.
     fn health(&self) -> &HealthHub;
+
+    /// Where the device files of the cards, instances and NICs are; `None` when the backend
+    /// has none to offer (a simulated backend without a device folder).
+    fn device_nodes(&self) -> Option<&DeviceNodes>;
 
     /// Fault injection, where the backend has it (the simulated one).
     fn faults(&self) -> Option<&dyn FaultInjector> {

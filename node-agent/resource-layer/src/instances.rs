@@ -120,6 +120,7 @@ impl InstanceRecord {
             compute_slices: mig_profile.map_or(0, |p| p.slices),
             memory_slices: mig_profile.map_or(0, |p| p.memory_slices),
             multiprocessors: mig_profile.map_or(0, |p| p.multiprocessors),
+            device_nodes: Vec::new(),
         });
         pb::Instance {
             key: self.key.clone().unwrap_or_default(),

@@ -14,6 +14,7 @@
 
 pub mod backend;
 pub mod client;
+pub mod device_nodes;
 pub mod error;
 pub mod faults;
 pub mod health;

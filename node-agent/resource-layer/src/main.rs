@@ -79,6 +79,10 @@ struct BackendArgs {
     /// How long a hardware call runs before its card gets a CALL_HANG fault, in milliseconds.
     #[arg(long, default_value_t = 5_000)]
     hang_threshold_ms: u64,
+    /// Simulated: make stand-in device files for the cards, MIG instances and NICs in this
+    /// folder (character devices no driver answers), so a runtime can inject them.
+    #[arg(long)]
+    device_dir: Option<PathBuf>,
     /// NVML: the library to load instead of libnvidia-ml.so.1 from the library path.
     #[arg(long)]
     nvml_lib: Option<PathBuf>,
@@ -108,6 +112,7 @@ impl BackendArgs {
                         seed: self.seed,
                         state_file: self.state_file.clone(),
                         hang_threshold,
+                        device_dir: self.device_dir.clone(),
                         ..SimOptions::default()
                     },
                 )?)

@@ -187,7 +187,11 @@ impl ResourceLayer for ResourceLayerService {
     ) -> Result<Response<pb::ListDevicesResponse>, Status> {
         let devices = request.get_ref().device_indexes.clone();
         self.run(request.metadata(), "ListDevices", move |b| {
-            b.list_devices(&devices)
+            let mut listing = b.list_devices(&devices)?;
+            if let Some(nodes) = b.device_nodes() {
+                nodes.fill_listing(&mut listing);
+            }
+            Ok(listing)
         })
         .await
         .map(Response::new)
@@ -200,7 +204,11 @@ impl ResourceLayer for ResourceLayerService {
         let metadata = request.metadata().clone();
         let create = CreateRequest::from_proto(request.into_inner())?;
         self.run(&metadata, "CreateInstance", move |b| {
-            b.create_instance(create)
+            let mut created = b.create_instance(create)?;
+            if let (Some(nodes), Some(instance)) = (b.device_nodes(), created.instance.as_mut()) {
+                nodes.fill_instance(instance);
+            }
+            Ok(created)
         })
         .await
         .map(Response::new)
@@ -225,7 +233,11 @@ impl ResourceLayer for ResourceLayerService {
     ) -> Result<Response<pb::ListInstancesResponse>, Status> {
         let devices = request.get_ref().device_indexes.clone();
         self.run(request.metadata(), "ListInstances", move |b| {
-            b.list_instances(&devices)
+            let mut instances = b.list_instances(&devices)?;
+            if let Some(nodes) = b.device_nodes() {
+                instances.iter_mut().for_each(|i| nodes.fill_instance(i));
+            }
+            Ok(instances)
         })
         .await
         .map(|instances| Response::new(pb::ListInstancesResponse { instances }))

@@ -148,6 +148,7 @@ impl Sysfs {
                     socket: place.socket,
                     netdev,
                     link_layer,
+                    device_nodes: Vec::new(),
                 }
             })
             .collect()

@@ -32,6 +32,7 @@ impl Shared {
             devices: out,
             nics: self.sysfs.rdma_nics(),
             paths,
+            control_nodes: Vec::new(),
         })
     }
 

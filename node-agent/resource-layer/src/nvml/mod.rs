@@ -34,6 +34,7 @@ mod raw;
 mod topology;
 
 use crate::backend::{Backend, DestroyTarget, check_device};
+use crate::device_nodes::DeviceNodes;
 use crate::error::LayerError;
 use crate::faults;
 use crate::health::HealthHub;
@@ -101,6 +102,8 @@ impl Drop for NvmlBackend {
 struct KnownCard {
     uuid: String,
     bus_id: String,
+    /// The card's device minor (`/dev/nvidia<minor>`); its index when NVML does not say.
+    minor: Option<u32>,
 }
 
 /// The backend's state, shared with its health thread; each submodule adds the methods of
@@ -117,6 +120,7 @@ struct Shared {
     count: u32,
     driver_version: String,
     known: Vec<KnownCard>,
+    device_nodes: DeviceNodes,
     /// Keyed instances: TDM shares, and the keys of MIG instances.
     ledger: Mutex<Vec<InstanceRecord>>,
     /// Serialises creation and destruction.
@@ -152,10 +156,15 @@ impl NvmlBackend {
                 Ok(dev) => KnownCard {
                     uuid: dev.uuid().unwrap_or_default(),
                     bus_id: dev.pci_info().map(|p| p.bus_id).unwrap_or_default(),
+                    minor: dev.minor_number().ok(),
                 },
                 Err(_) => KnownCard::default(),
             })
+            .collect::<Vec<KnownCard>>();
+        let minors = (0..count)
+            .map(|i| known[i as usize].minor.unwrap_or(i))
             .collect();
+        let device_nodes = DeviceNodes::host(&options.sysfs_root, minors);
         let clock = Clock::System;
         let hub = Arc::new(HealthHub::new(clock.clone()));
         let watch = CallWatch::new(hub.clone(), options.hang_threshold);
@@ -178,6 +187,7 @@ impl NvmlBackend {
             count,
             driver_version,
             known,
+            device_nodes,
             ledger: Mutex::new(ledger),
             changes: Mutex::new(()),
             last_xid: Mutex::new(BTreeMap::new()),
@@ -298,6 +308,10 @@ impl Backend for NvmlBackend {
 
     fn health(&self) -> &HealthHub {
         &self.shared.hub
+    }
+
+    fn device_nodes(&self) -> Option<&DeviceNodes> {
+        Some(&self.shared.device_nodes)
     }
 }
 

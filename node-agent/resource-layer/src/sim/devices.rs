@@ -30,6 +30,7 @@ impl SimulatedBackend {
                 .filter(|p| answering.contains(&p.a) && answering.contains(&p.b))
                 .cloned()
                 .collect(),
+            control_nodes: Vec::new(),
         })
     }
 

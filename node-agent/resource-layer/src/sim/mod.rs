@@ -27,6 +27,7 @@ pub mod profile;
 mod readings;
 
 use crate::backend::{Backend, DestroyTarget, FaultInjector, check_device};
+use crate::device_nodes::DeviceNodes;
 use crate::error::LayerError;
 use crate::health::HealthHub;
 use crate::instances::{CreateRequest, InstanceRecord};
@@ -58,6 +59,9 @@ pub struct SimOptions {
     pub hang_threshold: Duration,
     /// How long a hanging call blocks before it fails by itself (NVML's own timeout).
     pub hang_limit: Duration,
+    /// Where stand-in device files for the cards, instances and NICs are made (character
+    /// devices no driver answers, so a runtime can inject them); `None` makes none.
+    pub device_dir: Option<PathBuf>,
 }
 
 impl Default for SimOptions {
@@ -69,6 +73,7 @@ impl Default for SimOptions {
             state_file: None,
             hang_threshold: Duration::from_secs(5),
             hang_limit: Duration::from_secs(600),
+            device_dir: None,
         }
     }
 }
@@ -84,6 +89,7 @@ pub struct SimulatedBackend {
     state: Mutex<SimState>,
     unhang: Condvar,
     store: Option<Store>,
+    device_nodes: Option<DeviceNodes>,
 }
 
 /// What the simulated hardware holds, under one lock.
@@ -152,6 +158,18 @@ impl SimulatedBackend {
                 counters: Counters::at(now),
             })
             .collect();
+        let device_nodes = options.device_dir.as_ref().and_then(|dir| {
+            let count = u32::try_from(profile.cards.len()).unwrap_or(u32::MAX);
+            let nodes = DeviceNodes::stand_ins(dir, count);
+            let nics: Vec<String> = profile.nics.iter().map(|n| n.name.clone()).collect();
+            match nodes.make_stand_ins(&nics) {
+                Ok(()) => Some(nodes),
+                Err(error) => {
+                    tracing::warn!(dir = %dir.display(), %error, "cannot make stand-in device files (mknod needs root); none are reported");
+                    None
+                }
+            }
+        });
         let backend = Self {
             profile,
             options,
@@ -164,6 +182,7 @@ impl SimulatedBackend {
             }),
             unhang: Condvar::new(),
             store,
+            device_nodes,
         };
         {
             let mut state = lock(&backend.state);
@@ -319,6 +338,10 @@ impl Backend for SimulatedBackend {
 
     fn health(&self) -> &HealthHub {
         &self.hub
+    }
+
+    fn device_nodes(&self) -> Option<&DeviceNodes> {
+        self.device_nodes.as_ref()
     }
 
     fn faults(&self) -> Option<&dyn FaultInjector> {

@@ -433,6 +433,7 @@ fn resolve(file: ProfileFile) -> Result<SimProfile, LayerError> {
             socket: Some(node.socket),
             netdev: nic.netdev.clone(),
             link_layer: nic.link_layer.clone(),
+            device_nodes: Vec::new(),
         });
     }
 
