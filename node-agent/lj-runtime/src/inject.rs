@@ -1,0 +1,508 @@
+//! The rewrite of a container's OCI spec, without I/O: which part of the pod's allocation is
+//! this container's, and what it is given. The allocation annotation is the only source: the
+//! kubelet's device-plugin books may attribute devices to the wrong pod when two arrive
+//! together, the scheduler's annotation never does, so what this sets replaces what the device
+//! plugin set.
+//!
+//! A container is given, for each card: the card's device files (a MIG instance's: its card's
+//! files and the instance's capability files), once the driver's control files, each NIC's
+//! files; and the environment below. A container of the pod that got no cards gets no device
+//! and `NVIDIA_VISIBLE_DEVICES=void`.
+//!
+//! | variable | value |
+//! | --- | --- |
+//! | `NVIDIA_VISIBLE_DEVICES`, `RUNTIMEKIT_VISIBLE_DEVICES` | card UUIDs (MIG device UUIDs for MIG cards), comma-separated in replica order |
+//! | `RUNTIMEKIT_SLICE_MODES` | `Whole`, `TDM` or `MIG` per card |
+//! | `RUNTIMEKIT_GPU_CORE_LIMIT` | compute share in percent per card; `0` means no cap |
+//! | `RUNTIMEKIT_GPU_MEMORY_LIMIT_MIB` | memory cap in MiB per card; `0` means no cap |
+//! | `RUNTIMEKIT_RDMA_DEVICES` | the RDMA NICs' names |
+
+use crate::config::RuntimeConfig;
+use crate::hardware::Hardware;
+use runtimekit_contract::allocation::{Allocation, ContainerAllocation, annotation};
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+
+/// containerd's annotation saying whether a spec is a pod's sandbox or one of its containers.
+const CONTAINER_TYPE: &str = "io.kubernetes.cri.container-type";
+/// containerd's annotations naming the container and its pod.
+const CONTAINER_NAME: &str = "io.kubernetes.cri.container-name";
+const POD_NAMESPACE: &str = "io.kubernetes.cri.sandbox-namespace";
+const POD_NAME: &str = "io.kubernetes.cri.sandbox-name";
+
+/// Every variable this sets, removed from the spec first.
+const VARIABLES: [&str; 6] = [
+    "NVIDIA_VISIBLE_DEVICES",
+    "RUNTIMEKIT_VISIBLE_DEVICES",
+    "RUNTIMEKIT_SLICE_MODES",
+    "RUNTIMEKIT_GPU_CORE_LIMIT",
+    "RUNTIMEKIT_GPU_MEMORY_LIMIT_MIB",
+    "RUNTIMEKIT_RDMA_DEVICES",
+];
+
+/// Why a container cannot be given what its pod was allocated; the container fails with this.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InjectError {
+    /// The pod was not placed by the scheduler.
+    #[error(
+        "pod {pod} has no {annotation} annotation: RuntimeClass lj-runtime is for pods placed by lj-runtimekit-scheduler (set schedulerName: lj-runtimekit-scheduler), and without it the container would be given no card"
+    )]
+    NoAllocation {
+        /// `<namespace>/<name>`.
+        pod: String,
+        /// The annotation's name.
+        annotation: String,
+    },
+    /// The annotation is not an allocation.
+    #[error("the {annotation} annotation of pod {pod} cannot be read: {reason}")]
+    Malformed {
+        /// `<namespace>/<name>`.
+        pod: String,
+        /// The annotation's name.
+        annotation: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The allocation names another node.
+    #[error("the allocation of pod {pod} was made for node {allocated}, but this is node {node}")]
+    Foreign {
+        /// `<namespace>/<name>`.
+        pod: String,
+        /// The node it names.
+        allocated: String,
+        /// This node.
+        node: String,
+    },
+    /// Something the allocation names is not on this node as it says.
+    #[error("{0}")]
+    Hardware(String),
+    /// The spec is not an OCI spec this can rewrite.
+    #[error("the container's OCI spec cannot be rewritten: {0}")]
+    Spec(String),
+}
+
+/// What a create does to a spec.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Plan {
+    /// Leave it as it is (a pod's sandbox).
+    Leave,
+    /// A container of the pod that was given no card: hide every card.
+    Nothing,
+    /// Give the container its part of the allocation.
+    Give {
+        /// The pod's namespace (MIG instances are keyed `<namespace>/<GpuSlice>`).
+        namespace: String,
+        /// The container's part.
+        part: ContainerAllocation,
+    },
+}
+
+impl Plan {
+    /// The MIG instance keys the container needs.
+    pub fn instance_keys(&self) -> Vec<String> {
+        match self {
+            Plan::Give { namespace, part } => part
+                .cards
+                .iter()
+                .filter(|c| c.mode == "MIG")
+                .map(|c| format!("{namespace}/{}", c.slice))
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+}
+
+fn annotation_of<'a>(spec: &'a Value, key: &str) -> Option<&'a str> {
+    spec.get("annotations")?.get(key)?.as_str()
+}
+
+/// Decides what a create gives the container of `spec`.
+pub fn plan(spec: &Value, config: &RuntimeConfig) -> Result<Plan, InjectError> {
+    if annotation_of(spec, CONTAINER_TYPE) != Some("container") {
+        return Ok(Plan::Leave);
+    }
+    let namespace = annotation_of(spec, POD_NAMESPACE)
+        .unwrap_or_default()
+        .to_owned();
+    let pod = format!(
+        "{namespace}/{}",
+        annotation_of(spec, POD_NAME).unwrap_or_default()
+    );
+    let key = annotation(&config.resource_prefix);
+    let Some(text) = annotation_of(spec, &key) else {
+        return Err(InjectError::NoAllocation {
+            pod,
+            annotation: key,
+        });
+    };
+    let allocation: Allocation =
+        serde_json::from_str(text).map_err(|e| InjectError::Malformed {
+            pod: pod.clone(),
+            annotation: key.clone(),
+            reason: e.to_string(),
+        })?;
+    if !config.node_name.is_empty() && allocation.node != config.node_name {
+        return Err(InjectError::Foreign {
+            pod,
+            allocated: allocation.node,
+            node: config.node_name.clone(),
+        });
+    }
+    let name = annotation_of(spec, CONTAINER_NAME).unwrap_or_default();
+    Ok(
+        match allocation.containers.into_iter().find(|c| c.name == name) {
+            Some(part) if !part.cards.is_empty() || !part.nics.is_empty() => {
+                Plan::Give { namespace, part }
+            }
+            _ => Plan::Nothing,
+        },
+    )
+}
+
+/// The type, major and minor of a device file.
+pub type Stat<'a> = &'a dyn Fn(&Path) -> Option<(char, u64, u64)>;
+
+/// What a plan gives, read from the hardware: device files and environment.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Given {
+    /// Host paths of the device files, in order, without repeats.
+    pub files: Vec<String>,
+    /// Environment variables.
+    pub env: Vec<(String, String)>,
+}
+
+/// What `plan` gives on this hardware.
+pub fn given(plan: &Plan, hardware: &Hardware) -> Result<Given, InjectError> {
+    let mut given = Given::default();
+    let Plan::Give { namespace, part } = plan else {
+        given
+            .env
+            .push(("NVIDIA_VISIBLE_DEVICES".into(), "void".into()));
+        return Ok(given);
+    };
+    let mut add = |files: &[String]| {
+        for file in files {
+            if !given.files.contains(file) {
+                given.files.push(file.clone());
+            }
+        }
+    };
+    let (mut visible, mut modes, mut cores, mut memory) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for card in &part.cards {
+        let files = hardware
+            .cards
+            .get(&card.uuid)
+            .ok_or_else(|| {
+                InjectError::Hardware(format!(
+                    "card {} ({}) of the allocation is not on this node",
+                    card.index, card.uuid
+                ))
+            })?
+            .clone();
+        if files.is_empty() {
+            return Err(InjectError::Hardware(format!(
+                "the resource layer reports no device file for card {} ({})",
+                card.index, card.uuid
+            )));
+        }
+        add(&files);
+        match card.mode.as_str() {
+            "MIG" => {
+                let key = format!("{namespace}/{}", card.slice);
+                let mig = hardware.instances.get(&key).ok_or_else(|| {
+                    InjectError::Hardware(format!(
+                        "MIG instance {key} on card {} does not exist (the node agent makes it for GpuSlice {})",
+                        card.index, card.slice
+                    ))
+                })?;
+                add(&mig.nodes);
+                visible.push(mig.uuid.clone());
+            }
+            "TDM" | "Whole" => visible.push(card.uuid.clone()),
+            other => {
+                return Err(InjectError::Hardware(format!(
+                    "card {} has an unknown mode {other:?}",
+                    card.index
+                )));
+            }
+        }
+        modes.push(card.mode.clone());
+        cores.push(card.core.map_or(0, u64::from).to_string());
+        memory.push(card.memory_mib.unwrap_or(0).to_string());
+    }
+    if !part.cards.is_empty() {
+        add(&hardware.control);
+    }
+    for nic in &part.nics {
+        match hardware.nics.get(nic) {
+            Some(files) if !files.is_empty() => add(files),
+            _ => {
+                return Err(InjectError::Hardware(format!(
+                    "RDMA NIC {nic} of the allocation has no device file on this node"
+                )));
+            }
+        }
+    }
+    let list = |v: &[String]| v.join(",");
+    given.env = vec![
+        ("NVIDIA_VISIBLE_DEVICES".into(), list(&visible)),
+        ("RUNTIMEKIT_VISIBLE_DEVICES".into(), list(&visible)),
+        ("RUNTIMEKIT_SLICE_MODES".into(), list(&modes)),
+        ("RUNTIMEKIT_GPU_CORE_LIMIT".into(), list(&cores)),
+        ("RUNTIMEKIT_GPU_MEMORY_LIMIT_MIB".into(), list(&memory)),
+    ];
+    if !part.nics.is_empty() {
+        given
+            .env
+            .push(("RUNTIMEKIT_RDMA_DEVICES".into(), list(&part.nics)));
+    }
+    Ok(given)
+}
+
+/// Where a host device file appears in the container: under `/dev` at its path relative to the
+/// device root (stand-ins of a simulated node live elsewhere on the host).
+fn container_path(host: &str, device_root: &Path) -> String {
+    match Path::new(host).strip_prefix(device_root) {
+        Ok(relative) => PathBuf::from("/dev").join(relative).display().to_string(),
+        Err(_) => host.to_owned(),
+    }
+}
+
+/// Writes what is given into `spec`: the device files (created in the container and allowed
+/// in its device cgroup) and the environment, replacing any earlier value of its variables.
+pub fn apply(
+    spec: &mut Value,
+    given: &Given,
+    device_root: &Path,
+    stat: Stat<'_>,
+) -> Result<(), InjectError> {
+    let mut devices = Vec::new();
+    let mut rules = Vec::new();
+    for file in &given.files {
+        let (kind, major, minor) = stat(Path::new(file)).ok_or_else(|| {
+            InjectError::Hardware(format!("device file {file} is missing on this node"))
+        })?;
+        devices.push(json!({
+            "path": container_path(file, device_root), "type": kind.to_string(),
+            "major": major, "minor": minor, "fileMode": 0o666, "uid": 0, "gid": 0,
+        }));
+        rules.push(json!({"allow": true, "type": kind.to_string(), "major": major, "minor": minor, "access": "rwm"}));
+    }
+    let object = spec
+        .as_object_mut()
+        .ok_or_else(|| InjectError::Spec("it is not a JSON object".into()))?;
+    let process = object
+        .entry("process")
+        .or_insert_with(|| json!({}))
+        .as_object_mut()
+        .ok_or_else(|| InjectError::Spec("process is not an object".into()))?;
+    let env = process
+        .entry("env")
+        .or_insert_with(|| json!([]))
+        .as_array_mut()
+        .ok_or_else(|| InjectError::Spec("process.env is not a list".into()))?;
+    env.retain(|e| {
+        e.as_str()
+            .and_then(|e| e.split_once('='))
+            .is_none_or(|(name, _)| !VARIABLES.contains(&name))
+    });
+    env.extend(given.env.iter().map(|(k, v)| json!(format!("{k}={v}"))));
+    let linux = object
+        .entry("linux")
+        .or_insert_with(|| json!({}))
+        .as_object_mut()
+        .ok_or_else(|| InjectError::Spec("linux is not an object".into()))?;
+    linux
+        .entry("devices")
+        .or_insert_with(|| json!([]))
+        .as_array_mut()
+        .ok_or_else(|| InjectError::Spec("linux.devices is not a list".into()))?
+        .extend(devices);
+    linux
+        .entry("resources")
+        .or_insert_with(|| json!({}))
+        .as_object_mut()
+        .ok_or_else(|| InjectError::Spec("linux.resources is not an object".into()))?
+        .entry("devices")
+        .or_insert_with(|| json!([]))
+        .as_array_mut()
+        .ok_or_else(|| InjectError::Spec("linux.resources.devices is not a list".into()))?
+        .extend(rules);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hardware::MigDevice;
+
+    fn spec(allocation: Option<&str>, container: &str) -> Value {
+        let mut annotations = json!({
+            CONTAINER_TYPE: "container", CONTAINER_NAME: container,
+            POD_NAMESPACE: "team", POD_NAME: "trainer",
+        });
+        if let Some(a) = allocation {
+            annotations["aliyun.com/allocation"] = json!(a);
+        }
+        json!({"process": {"env": ["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=all"]}, "annotations": annotations, "linux": {}})
+    }
+
+    fn hardware() -> Hardware {
+        let mut h = Hardware {
+            control: vec!["/sim/dev/nvidiactl".into()],
+            ..Hardware::default()
+        };
+        for i in 0..2 {
+            h.cards
+                .insert(format!("GPU-{i}"), vec![format!("/sim/dev/nvidia{i}")]);
+        }
+        h.instances.insert(
+            "team/trainer-mig".into(),
+            MigDevice {
+                uuid: "MIG-1".into(),
+                nodes: vec!["/sim/dev/nvidia-caps/nvidia-cap5".into()],
+            },
+        );
+        h.nics
+            .insert("mlx5_0".into(), vec!["/sim/dev/infiniband/uverbs0".into()]);
+        h
+    }
+
+    fn config() -> RuntimeConfig {
+        RuntimeConfig {
+            node_name: "n1".into(),
+            device_root: PathBuf::from("/sim/dev"),
+            ..RuntimeConfig::default()
+        }
+    }
+
+    const TDM: &str = r#"{"node": "n1", "containers": [{"name": "app", "nics": ["mlx5_0"], "cards": [
+        {"index": 1, "uuid": "GPU-1", "mode": "TDM", "core": 50, "memoryMib": 4096, "slice": "trainer-tdm"}]}]}"#;
+
+    fn stat(path: &Path) -> Option<(char, u64, u64)> {
+        let name = path.file_name()?.to_str()?;
+        let minor = name
+            .trim_start_matches(|c: char| !c.is_ascii_digit())
+            .parse()
+            .unwrap_or(255);
+        Some(('c', 195, minor))
+    }
+
+    #[test]
+    fn a_tdm_card_gives_its_files_the_control_files_its_nic_and_its_limits() {
+        let mut spec = spec(Some(TDM), "app");
+        let plan = plan(&spec, &config()).expect("plan");
+        let given = given(&plan, &hardware()).expect("given");
+        assert_eq!(
+            given.files,
+            [
+                "/sim/dev/nvidia1",
+                "/sim/dev/nvidiactl",
+                "/sim/dev/infiniband/uverbs0"
+            ]
+        );
+        apply(&mut spec, &given, Path::new("/sim/dev"), &stat).expect("apply");
+        let env: Vec<&str> = spec["process"]["env"]
+            .as_array()
+            .expect("env")
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        assert_eq!(
+            env,
+            [
+                "PATH=/bin",
+                "NVIDIA_VISIBLE_DEVICES=GPU-1",
+                "RUNTIMEKIT_VISIBLE_DEVICES=GPU-1",
+                "RUNTIMEKIT_SLICE_MODES=TDM",
+                "RUNTIMEKIT_GPU_CORE_LIMIT=50",
+                "RUNTIMEKIT_GPU_MEMORY_LIMIT_MIB=4096",
+                "RUNTIMEKIT_RDMA_DEVICES=mlx5_0",
+            ],
+            "the device plugin's NVIDIA_VISIBLE_DEVICES is replaced"
+        );
+        assert_eq!(spec["linux"]["devices"][0]["path"], "/dev/nvidia1");
+        assert_eq!(
+            spec["linux"]["devices"][2]["path"],
+            "/dev/infiniband/uverbs0"
+        );
+        assert_eq!(
+            spec["linux"]["resources"]["devices"][0],
+            json!({"allow": true, "type": "c", "major": 195, "minor": 1, "access": "rwm"})
+        );
+    }
+
+    #[test]
+    fn a_mig_card_gives_the_instance_and_waits_for_it() {
+        let mig = r#"{"node": "n1", "containers": [{"name": "app", "cards": [
+            {"index": 0, "uuid": "GPU-0", "mode": "MIG", "profile": "3g.40gb", "slices": 3, "start": 4, "memoryMib": 4096, "slice": "trainer-mig"}]}]}"#;
+        let plan = plan(&spec(Some(mig), "app"), &config()).expect("plan");
+        assert_eq!(plan.instance_keys(), ["team/trainer-mig"]);
+        let given = given(&plan, &hardware()).expect("given");
+        assert_eq!(
+            given.files,
+            [
+                "/sim/dev/nvidia0",
+                "/sim/dev/nvidia-caps/nvidia-cap5",
+                "/sim/dev/nvidiactl"
+            ]
+        );
+        assert!(
+            given
+                .env
+                .contains(&("NVIDIA_VISIBLE_DEVICES".into(), "MIG-1".into()))
+        );
+        let mut missing = hardware();
+        missing.instances.clear();
+        let error = super::given(&plan, &missing).expect_err("no instance yet");
+        assert!(
+            error.to_string().contains("MIG instance team/trainer-mig"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn sandboxes_are_left_and_other_containers_see_no_card() {
+        let mut sandbox = spec(None, "");
+        sandbox["annotations"][CONTAINER_TYPE] = json!("sandbox");
+        assert_eq!(plan(&sandbox, &config()), Ok(Plan::Leave));
+        let sidecar = plan(&spec(Some(TDM), "sidecar"), &config()).expect("plan");
+        assert_eq!(sidecar, Plan::Nothing);
+        let given = given(&sidecar, &hardware()).expect("given");
+        assert!(given.files.is_empty());
+        assert_eq!(
+            given.env,
+            [("NVIDIA_VISIBLE_DEVICES".into(), "void".into())]
+        );
+    }
+
+    #[test]
+    fn missing_malformed_and_foreign_allocations_fail_the_container() {
+        let missing = plan(&spec(None, "app"), &config()).expect_err("missing");
+        assert!(
+            missing
+                .to_string()
+                .contains("pod team/trainer has no aliyun.com/allocation"),
+            "{missing}"
+        );
+        let broken = plan(&spec(Some("{not json"), "app"), &config()).expect_err("malformed");
+        assert!(matches!(broken, InjectError::Malformed { .. }), "{broken}");
+        let elsewhere = TDM.replace("\"n1\"", "\"n2\"");
+        let foreign = plan(&spec(Some(&elsewhere), "app"), &config()).expect_err("foreign");
+        assert!(
+            foreign
+                .to_string()
+                .contains("made for node n2, but this is node n1"),
+            "{foreign}"
+        );
+        let unknown = TDM.replace("GPU-1", "GPU-9");
+        let plan = plan(&spec(Some(&unknown), "app"), &config()).expect("plan");
+        let error = given(&plan, &hardware()).expect_err("unknown card");
+        assert!(
+            error
+                .to_string()
+                .contains("GPU-9) of the allocation is not on this node")
+        );
+    }
+}

@@ -1,0 +1,14 @@
+//! `lj-runtime`: the OCI runtime behind RuntimeClass `lj-runtime`. containerd's runc shim calls
+//! it with runc's command line; on `create` it reads the allocation annotation that containerd
+//! passed into the container's OCI spec, injects the allocated cards' (or MIG instances')
+//! device files, the RDMA NICs' devices, the visible-device environment and the limits, and
+//! then, for every command, execs runc with the arguments it was given.
+//!
+//! `args` finds the command and the bundle in runc's command line, `config` is the runtime's
+//! own settings, `hardware` what the node's resource layer says about its device files, and
+//! `inject` the rewrite of the spec itself, without I/O.
+
+pub mod args;
+pub mod config;
+pub mod hardware;
+pub mod inject;
