@@ -55,6 +55,7 @@ struct Component {
     child: Option<Child>,
     program: PathBuf,
     args: Vec<String>,
+    env: Vec<(String, String)>,
 }
 
 /// A component stopped by [`Cluster::stop_component`], to be started again.
@@ -63,6 +64,7 @@ pub struct StoppedComponent {
     name: &'static str,
     program: PathBuf,
     args: Vec<String>,
+    env: Vec<(String, String)>,
     index: usize,
 }
 
@@ -394,11 +396,23 @@ impl Cluster {
         program: &Path,
         args: &[String],
     ) -> Result<()> {
+        self.spawn_with_env(name, program, args, &[])
+    }
+
+    /// [`Cluster::spawn`], with variables added to the environment.
+    pub(crate) fn spawn_with_env(
+        &mut self,
+        name: &'static str,
+        program: &Path,
+        args: &[String],
+        env: &[(String, String)],
+    ) -> Result<()> {
         let log = self.dir.join("logs").join(format!("{name}.log"));
         let file = File::options().create(true).append(true).open(&log)?;
         let mut command = Command::new(program);
         command
             .args(args)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(file.try_clone()?)
             .stderr(file);
@@ -421,6 +435,7 @@ impl Cluster {
             child: (!self.detached).then_some(child),
             program: program.to_owned(),
             args: args.to_vec(),
+            env: env.to_vec(),
         });
         Ok(())
     }
@@ -440,6 +455,7 @@ impl Cluster {
             name: component.name,
             program: component.program,
             args: component.args,
+            env: component.env,
             index,
         })
     }
@@ -447,7 +463,7 @@ impl Cluster {
     /// Starts a component stopped by [`Cluster::stop_component`] again, in its place in the
     /// start order (so stopping newest-first still stops it before what it needs).
     pub fn start_again(&mut self, stopped: StoppedComponent) -> Result<()> {
-        self.spawn(stopped.name, &stopped.program, &stopped.args)?;
+        self.spawn_with_env(stopped.name, &stopped.program, &stopped.args, &stopped.env)?;
         let restarted = self.components.pop().context("respawned component")?;
         let index = stopped.index.min(self.components.len());
         self.components.insert(index, restarted);

@@ -1,13 +1,16 @@
-//! One real node on this machine: containerd with its CRI plugin, runc and CNI, images built
-//! here (no registry), and the kubelet at the control plane's version. Everything lives in the
-//! cluster's folder, binds to 127.0.0.1 and is started and stopped by PID with the rest of the
-//! cluster; stopping also kills the node's containers and unmounts what it mounted.
+//! One real node on this machine: containerd with its CRI plugin, runc, CNI and the `lj-runtime`
+//! handler, images built here (no registry), the kubelet at the control plane's version, and the
+//! kit's node side: a simulated resource layer (its cards' device files are stand-ins, so
+//! injection can be seen) and the node agent serving the kubelet its device plugins. Everything
+//! lives in the cluster's folder, binds to 127.0.0.1 and is started and stopped by PID with the
+//! rest of the cluster; stopping also kills the node's containers and unmounts what it mounted.
 //!
 //! The launcher plays the cloud controller: the kubelet runs with `--cloud-provider=external`,
 //! and the launcher gives the Node its one address, 127.0.0.1 (the kubelet refuses a loopback
 //! `--node-ip`), so `kubectl logs` and `exec` reach the kubelet on loopback.
 
 use crate::cluster::Cluster;
+use crate::harness::workspace_binary;
 use crate::tools::repo_root;
 use anyhow::{Context, Result, bail};
 use k8s_openapi::api::core::v1::Node;
@@ -27,6 +30,10 @@ const UNINITIALIZED: &str = "node.cloudprovider.kubernetes.io/uninitialized";
 const DEVICE_PLUGINS: &str = "/var/lib/kubelet/device-plugins";
 /// How long containerd and the kubelet may take to come up.
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
+/// The hardware profile the real node simulates: NVIDIA cards (MIG on card 7) and RDMA NICs.
+pub const PROFILE: &str = "h800-8";
+/// The node agent's identity group (config/node-agent/rbac.yaml binds it).
+const AGENT_GROUP: &str = "runtimekit:node-agents";
 
 /// A real node that was started.
 #[derive(Debug, Clone)]
@@ -41,6 +48,10 @@ pub struct RealNode {
     pub pod_logs: PathBuf,
     /// The kubelet's healthz port on 127.0.0.1.
     pub healthz_port: u16,
+    /// The resource layer's socket.
+    pub layer_socket: PathBuf,
+    /// Where the resource layer's stand-in device files live (`/dev` inside containers).
+    pub device_root: PathBuf,
 }
 
 /// What the node's processes need from the host, with how to get it.
@@ -85,25 +96,71 @@ fn find_command(name: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
+/// Waits until a unix socket accepts connections.
+fn wait_for_socket(socket: &Path) -> Result<()> {
+    let deadline = Instant::now() + READY_TIMEOUT;
+    while std::os::unix::net::UnixStream::connect(socket).is_err() {
+        if Instant::now() > deadline {
+            bail!(
+                "nothing answered on {} within {READY_TIMEOUT:?}",
+                socket.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok(())
+}
+
 fn free_port() -> Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 impl Cluster {
-    /// Starts the real node `name`: containerd, its images, then the kubelet. Returns once both
-    /// run; [`RealNode::wait_ready`] waits for the Node to be Ready.
+    /// Starts the real node `name`: the resource layer, containerd and its images, the kubelet
+    /// and the node agent. Returns once they run; [`RealNode::wait_ready`] waits for the Node to
+    /// be Ready.
     pub fn start_real_node(&mut self, name: &str) -> Result<RealNode> {
         check_host()?;
         let dir = self.dir.join(NODE_DIR);
-        for sub in ["containerd", "cni/net.d", "kubelet", "pod-logs"] {
+        for sub in ["containerd", "cni/net.d", "kubelet", "pod-logs", "gpu"] {
             std::fs::create_dir_all(dir.join(sub))?;
         }
         let ctrd = dir.join("containerd");
         let socket = ctrd.join("containerd.sock");
+        let gpu = dir.join("gpu");
+        let layer_socket = gpu.join("resource-layer.sock");
+        let layer = workspace_binary("runtimekit-resource-layer", "runtimekit-resource-layer")?;
+        self.spawn(
+            "resource-layer",
+            &layer,
+            &[
+                "serve".into(),
+                "--backend=simulated".into(),
+                format!("--profile={PROFILE}"),
+                format!("--node-name={name}"),
+                format!("--socket={}", layer_socket.display()),
+                format!("--state-file={}", gpu.join("instances.json").display()),
+                format!("--device-dir={}", gpu.join("devices").display()),
+            ],
+        )?;
+        wait_for_socket(&layer_socket)?;
+        let device_root = gpu.join("devices/dev");
+        let runtime_config = dir.join("lj-runtime.json");
+        std::fs::write(
+            &runtime_config,
+            serde_json::json!({
+                "runc": find_command("runc").context("runc is not on PATH")?,
+                "nodeName": name,
+                "resourceLayerSocket": layer_socket,
+                "instanceWaitSeconds": 60,
+            })
+            .to_string(),
+        )?;
+        let lj_runtime = workspace_binary("runtimekit-lj-runtime", "lj-runtime")?;
         let (pause, images) = build_images()?;
         std::fs::write(
             ctrd.join("config.toml"),
-            containerd_config(&ctrd, &dir.join("cni"), &pause),
+            containerd_config(&ctrd, &dir.join("cni"), &pause, &lj_runtime),
         )?;
         // A subnet per run, so a second cluster's pods do not take the same addresses.
         let subnet = 1 + std::process::id() % 250;
@@ -123,10 +180,15 @@ impl Cluster {
             .to_string(),
         )?;
         let containerd = find_command("containerd").context("containerd is not on PATH")?;
-        self.spawn(
+        // The shims containerd starts, and lj-runtime under them, inherit its environment.
+        self.spawn_with_env(
             "containerd",
             &containerd,
             &[format!("--config={}", ctrd.join("config.toml").display())],
+            &[(
+                "LJ_RUNTIME_CONFIG".into(),
+                runtime_config.display().to_string(),
+            )],
         )?;
         let node = RealNode {
             name: name.to_owned(),
@@ -134,6 +196,8 @@ impl Cluster {
             containerd_socket: socket,
             pod_logs: dir.join("pod-logs"),
             healthz_port: free_port()?,
+            layer_socket: layer_socket.clone(),
+            device_root,
         };
         node.wait_for_containerd()?;
         for (reference, tar) in &images {
@@ -164,7 +228,61 @@ impl Cluster {
                 format!("--node-labels={ENABLE_LABEL}=true"),
             ],
         )?;
+
+        let agent_identity = self
+            .pki
+            .client(&format!("runtimekit:node-agent:{name}"), &[AGENT_GROUP])?;
+        let agent_kubeconfig = gpu.join("agent.kubeconfig");
+        std::fs::write(
+            &agent_kubeconfig,
+            self.pki
+                .kubeconfig(&self.server, "node-agent", &agent_identity),
+        )?;
+        self.install_node_config()?;
+        let agent = workspace_binary("runtimekit-node-agent", "runtimekit-node-agent")?;
+        self.spawn(
+            "node-agent",
+            &agent,
+            &[
+                format!("--node-name={name}"),
+                format!("--kubeconfig={}", agent_kubeconfig.display()),
+                format!("--resource-layer-socket={}", layer_socket.display()),
+                format!("--state-dir={}", gpu.join("agent").display()),
+                format!("--kubelet-dir={DEVICE_PLUGINS}"),
+                format!(
+                    "--pod-resources-socket={}",
+                    dir.join("kubelet/pod-resources/kubelet.sock").display()
+                ),
+            ],
+        )?;
         Ok(node)
+    }
+}
+
+impl Cluster {
+    /// Applies what `config/` says a GPU node needs from the cluster: the node agent's
+    /// namespace, RBAC and admission policies, and the RuntimeClass.
+    fn install_node_config(&self) -> Result<()> {
+        let config = repo_root().join("config");
+        for file in [
+            "namespace.yaml",
+            "node-agent/rbac.yaml",
+            "node-agent/admission-policy.yaml",
+            "runtime/runtimeclass.yaml",
+        ] {
+            let output = self
+                .kubectl()
+                .args(["apply", "--server-side", "--force-conflicts", "-f"])
+                .arg(config.join(file))
+                .output()?;
+            if !output.status.success() {
+                bail!(
+                    "applying config/{file}: {}",
+                    String::from_utf8_lossy(&output.stderr)
+                );
+            }
+        }
+        Ok(())
     }
 }
 
@@ -239,13 +357,13 @@ impl RealNode {
                         .context("giving the real node its address")?;
                 } else if tainted(&node) {
                     self.untaint(&nodes, &node).await?;
-                } else if ready(&node) {
+                } else if ready(&node) && offers_cards(&node) {
                     return Ok(());
                 }
             }
             if Instant::now() > deadline {
                 bail!(
-                    "node {} was not Ready within {READY_TIMEOUT:?}; see the kubelet's and containerd's logs in {}",
+                    "node {} was not Ready with the node agent's cards within {READY_TIMEOUT:?}; see the logs of the kubelet, containerd, the resource layer and the node agent in {}",
                     self.name,
                     self.dir
                         .parent()
@@ -301,6 +419,15 @@ fn ready(node: &Node) -> bool {
         .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
+/// Whether the kubelet counts the node agent's cards (its device plugins registered).
+fn offers_cards(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.allocatable.as_ref())
+        .and_then(|a| a.get("aliyun.com/gpu"))
+        .is_some_and(|q| q.0 != "0")
+}
+
 fn tainted(node: &Node) -> bool {
     node.spec
         .as_ref()
@@ -332,9 +459,11 @@ fn build_images() -> Result<(String, Vec<(String, PathBuf)>)> {
     Ok((pause, images))
 }
 
-/// containerd 1.6's configuration: everything under `dir`, runc as the default handler, and
-/// `oom_score_adj` left alone (root here lacks CAP_SYS_RESOURCE to lower it).
-fn containerd_config(dir: &Path, cni: &Path, pause: &str) -> String {
+/// containerd 1.6's configuration: everything under `dir`, runc as the default handler, the
+/// `lj-runtime` handler with the allocation annotation passed into the OCI spec (as
+/// config/runtime/containerd-handler.toml registers it), and `oom_score_adj` left alone (root
+/// here lacks CAP_SYS_RESOURCE to lower it).
+fn containerd_config(dir: &Path, cni: &Path, pause: &str, lj_runtime: &Path) -> String {
     let d = dir.display();
     format!(
         r#"version = 2
@@ -355,11 +484,19 @@ state = "{d}/state"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
       SystemdCgroup = false
       Root = "{d}/runc"
+  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.lj-runtime]
+    runtime_type = "io.containerd.runc.v2"
+    pod_annotations = ["aliyun.com/*"]
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.lj-runtime.options]
+      BinaryName = "{lj}"
+      SystemdCgroup = false
+      Root = "{d}/runc"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "{cni}/net.d"
 "#,
-        cni = cni.display()
+        cni = cni.display(),
+        lj = lj_runtime.display(),
     )
 }
 

@@ -106,6 +106,7 @@ pub(crate) fn four_cards() -> NodeState {
     inventory.merge(
         pb::ListDevicesResponse {
             control_nodes: Vec::new(),
+            device_root: String::new(),
             devices,
             nics: vec![pb::Nic {
                 name: "mlx5_0".into(),

@@ -20,6 +20,10 @@ pub struct Inventory {
     pub nics: Vec<pb::Nic>,
     /// Paths between cards, one per pair (a < b).
     pub paths: Vec<pb::DevicePath>,
+    /// The driver's control files every container with a card needs.
+    pub control_nodes: Vec<String>,
+    /// The folder the device files live under (`/dev` inside containers).
+    pub device_root: String,
 }
 
 impl Inventory {
@@ -49,6 +53,8 @@ impl Inventory {
             self.devices.insert(merged.index, merged);
         }
         self.nics = response.nics;
+        self.control_nodes = response.control_nodes;
+        self.device_root = response.device_root;
         self.paths.retain(|p| {
             !(covered(p.a) && covered(p.b))
                 && self.devices.contains_key(&p.a)
@@ -288,6 +294,7 @@ mod tests {
         inventory.merge(
             pb::ListDevicesResponse {
                 control_nodes: Vec::new(),
+                device_root: String::new(),
                 devices: vec![
                     device(0, pb::DeviceState::Ok, "H800"),
                     device(1, pb::DeviceState::Ok, "H800"),

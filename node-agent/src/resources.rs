@@ -292,6 +292,7 @@ mod tests {
         inventory.merge(
             pb::ListDevicesResponse {
                 control_nodes: Vec::new(),
+                device_root: String::new(),
                 devices: vec![
                     card(0, pb::Vendor::Nvidia, 81559, false),
                     card(1, pb::Vendor::Nvidia, 81559, false),

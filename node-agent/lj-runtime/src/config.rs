@@ -21,9 +21,6 @@ pub struct RuntimeConfig {
     pub node_name: String,
     /// The resource layer's socket.
     pub resource_layer_socket: PathBuf,
-    /// The folder the resource layer's device files live under; inside the container they
-    /// appear under `/dev` at the same relative path.
-    pub device_root: PathBuf,
     /// How long a create waits for a MIG instance the node agent is still making, in seconds.
     pub instance_wait_seconds: u64,
 }
@@ -35,7 +32,6 @@ impl Default for RuntimeConfig {
             resource_prefix: "aliyun.com".into(),
             node_name: String::new(),
             resource_layer_socket: PathBuf::from("/run/runtimekit/resource-layer.sock"),
-            device_root: PathBuf::from("/dev"),
             instance_wait_seconds: 60,
         }
     }
@@ -68,9 +64,9 @@ mod tests {
     #[test]
     fn fields_default_and_unknown_ones_are_refused() {
         let config: RuntimeConfig =
-            serde_json::from_str(r#"{"nodeName": "n1", "deviceRoot": "/sim/dev"}"#).expect("json");
+            serde_json::from_str(r#"{"nodeName": "n1", "instanceWaitSeconds": 5}"#).expect("json");
         assert_eq!(config.node_name, "n1");
-        assert_eq!(config.device_root, PathBuf::from("/sim/dev"));
+        assert_eq!(config.instance_wait(), Duration::from_secs(5));
         assert_eq!(config.resource_prefix, "aliyun.com");
         assert!(serde_json::from_str::<RuntimeConfig>(r#"{"nodename": "n1"}"#).is_err());
         assert_eq!(

@@ -30,6 +30,8 @@ pub struct Hardware {
     pub instances: BTreeMap<String, MigDevice>,
     /// Each NIC's device files, by name.
     pub nics: BTreeMap<String, Vec<String>>,
+    /// The folder the files live under on the host (`/dev` in the container).
+    pub device_root: String,
 }
 
 impl Hardware {
@@ -37,6 +39,7 @@ impl Hardware {
     pub fn from_listing(listing: &pb::ListDevicesResponse) -> Hardware {
         let mut hardware = Hardware {
             control: listing.control_nodes.clone(),
+            device_root: listing.device_root.clone(),
             ..Hardware::default()
         };
         for device in &listing.devices {

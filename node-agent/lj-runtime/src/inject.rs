@@ -20,8 +20,9 @@
 use crate::config::RuntimeConfig;
 use crate::hardware::Hardware;
 use runtimekit_contract::allocation::{Allocation, ContainerAllocation, annotation};
+use runtimekit_resource_layer::device_nodes::container_path;
 use serde_json::{Value, json};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// containerd's annotation saying whether a spec is a pod's sandbox or one of its containers.
 const CONTAINER_TYPE: &str = "io.kubernetes.cri.container-type";
@@ -167,13 +168,18 @@ pub type Stat<'a> = &'a dyn Fn(&Path) -> Option<(char, u64, u64)>;
 pub struct Given {
     /// Host paths of the device files, in order, without repeats.
     pub files: Vec<String>,
+    /// The folder they live under on the host (`/dev` in the container).
+    pub device_root: String,
     /// Environment variables.
     pub env: Vec<(String, String)>,
 }
 
 /// What `plan` gives on this hardware.
 pub fn given(plan: &Plan, hardware: &Hardware) -> Result<Given, InjectError> {
-    let mut given = Given::default();
+    let mut given = Given {
+        device_root: hardware.device_root.clone(),
+        ..Given::default()
+    };
     let Plan::Give { namespace, part } = plan else {
         given
             .env
@@ -260,23 +266,9 @@ pub fn given(plan: &Plan, hardware: &Hardware) -> Result<Given, InjectError> {
     Ok(given)
 }
 
-/// Where a host device file appears in the container: under `/dev` at its path relative to the
-/// device root (stand-ins of a simulated node live elsewhere on the host).
-fn container_path(host: &str, device_root: &Path) -> String {
-    match Path::new(host).strip_prefix(device_root) {
-        Ok(relative) => PathBuf::from("/dev").join(relative).display().to_string(),
-        Err(_) => host.to_owned(),
-    }
-}
-
 /// Writes what is given into `spec`: the device files (created in the container and allowed
 /// in its device cgroup) and the environment, replacing any earlier value of its variables.
-pub fn apply(
-    spec: &mut Value,
-    given: &Given,
-    device_root: &Path,
-    stat: Stat<'_>,
-) -> Result<(), InjectError> {
+pub fn apply(spec: &mut Value, given: &Given, stat: Stat<'_>) -> Result<(), InjectError> {
     let mut devices = Vec::new();
     let mut rules = Vec::new();
     for file in &given.files {
@@ -284,7 +276,7 @@ pub fn apply(
             InjectError::Hardware(format!("device file {file} is missing on this node"))
         })?;
         devices.push(json!({
-            "path": container_path(file, device_root), "type": kind.to_string(),
+            "path": container_path(file, &given.device_root), "type": kind.to_string(),
             "major": major, "minor": minor, "fileMode": 0o666, "uid": 0, "gid": 0,
         }));
         rules.push(json!({"allow": true, "type": kind.to_string(), "major": major, "minor": minor, "access": "rwm"}));
@@ -351,6 +343,7 @@ mod tests {
     fn hardware() -> Hardware {
         let mut h = Hardware {
             control: vec!["/sim/dev/nvidiactl".into()],
+            device_root: "/sim/dev".into(),
             ..Hardware::default()
         };
         for i in 0..2 {
@@ -372,7 +365,6 @@ mod tests {
     fn config() -> RuntimeConfig {
         RuntimeConfig {
             node_name: "n1".into(),
-            device_root: PathBuf::from("/sim/dev"),
             ..RuntimeConfig::default()
         }
     }
@@ -402,7 +394,7 @@ mod tests {
                 "/sim/dev/infiniband/uverbs0"
             ]
         );
-        apply(&mut spec, &given, Path::new("/sim/dev"), &stat).expect("apply");
+        apply(&mut spec, &given, &stat).expect("apply");
         let env: Vec<&str> = spec["process"]["env"]
             .as_array()
             .expect("env")

@@ -62,7 +62,7 @@ fn prepare(runc: &RuncArgs, config: &RuntimeConfig) -> Result<(), String> {
         Plan::Give { .. } => inject::given(&plan, &hardware_for(&plan, config)?),
     }
     .map_err(|e| e.to_string())?;
-    inject::apply(&mut spec, &given, &config.device_root, &stat).map_err(|e| e.to_string())?;
+    inject::apply(&mut spec, &given, &stat).map_err(|e| e.to_string())?;
     let written = bundle.join("config.json.lj-runtime");
     std::fs::write(&written, spec.to_string())
         .and_then(|()| std::fs::rename(&written, &file))

@@ -88,6 +88,7 @@ impl DeviceNodes {
             }
         }
         listing.control_nodes = self.existing(CONTROL.map(str::to_owned));
+        listing.device_root = self.dev_root.display().to_string();
         for nic in &mut listing.nics {
             nic.device_nodes = self.nic(&nic.name);
         }
@@ -195,6 +196,17 @@ impl DeviceNodes {
     }
 }
 
+/// Where a host device file appears in a container: under `/dev` at its path relative to the
+/// listing's device root.
+pub fn container_path(host: &str, device_root: &str) -> String {
+    match Path::new(host).strip_prefix(device_root) {
+        Ok(relative) if !device_root.is_empty() => {
+            Path::new("/dev").join(relative).display().to_string()
+        }
+        _ => host.to_owned(),
+    }
+}
+
 /// The capability minors of GPU instance `gi` and its compute instance `ci` on the card with
 /// device minor `card`, from the driver's `mig-minors` table.
 pub fn mig_caps(table: &str, card: u32, gi: u32, ci: u32) -> Vec<u32> {
@@ -217,6 +229,17 @@ pub fn mig_caps(table: &str, card: u32, gi: u32, ci: u32) -> Vec<u32> {
 mod tests {
     use super::*;
     use crate::util::testdir::TestDir;
+
+    #[test]
+    fn device_files_appear_under_dev_in_containers() {
+        assert_eq!(
+            container_path("/sim/dev/nvidia-caps/nvidia-cap3", "/sim/dev"),
+            "/dev/nvidia-caps/nvidia-cap3"
+        );
+        assert_eq!(container_path("/dev/nvidia0", "/dev"), "/dev/nvidia0");
+        assert_eq!(container_path("/elsewhere/x", "/sim/dev"), "/elsewhere/x");
+        assert_eq!(container_path("/dev/nvidia0", ""), "/dev/nvidia0");
+    }
 
     #[test]
     fn capability_minors_come_from_the_drivers_table() {

@@ -12,6 +12,7 @@ use crate::model::{NodeState, SliceInfo};
 use crate::resources::{Advertised, Kind, base_id, devices, whole_card_available};
 use runtimekit_crds::{SliceMode, SlicePhase};
 use runtimekit_proto::deviceplugin::v1beta1 as dp;
+use runtimekit_resource_layer::device_nodes::container_path;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// The container a suggestion was made for.
@@ -239,6 +240,22 @@ pub fn allocate(
         return Err(refusals.join("; "));
     }
     let uuids: Vec<&str> = cards.iter().map(|c| c.uuid.as_str()).collect();
+    // The same device files lj-runtime gives (the resource layer's), for pods of other
+    // schedulers that run without it; lj-runtime replaces the environment below from the
+    // pod's allocation for pods of this scheduler.
+    if let Some(inventory) = inventory {
+        let files = cards
+            .iter()
+            .flat_map(|c| c.device_nodes.iter())
+            .chain(inventory.control_nodes.iter());
+        for file in files {
+            response.devices.push(dp::DeviceSpec {
+                container_path: container_path(file, &inventory.device_root),
+                host_path: file.clone(),
+                permissions: "rw".into(),
+            });
+        }
+    }
     response
         .envs
         .insert("RUNTIMEKIT_VISIBLE_DEVICES".into(), uuids.join(","));
@@ -440,6 +457,13 @@ mod tests {
             allocate(whole, &["GPU-9".into()], &state, &BTreeMap::new()).is_err(),
             "unknown"
         );
+        if let Some(inventory) = state.inventory.as_mut() {
+            for (index, device) in &mut inventory.devices {
+                device.device_nodes = vec![format!("/sim/dev/nvidia{index}")];
+            }
+            inventory.control_nodes = vec!["/sim/dev/nvidiactl".into()];
+            inventory.device_root = "/sim/dev".into();
+        }
         let ok = allocate(
             whole,
             &["GPU-1".into(), "GPU-2".into()],
@@ -448,6 +472,20 @@ mod tests {
         )
         .expect("free cards");
         assert_eq!(ok.envs["NVIDIA_VISIBLE_DEVICES"], "GPU-1,GPU-2");
+        let files: Vec<(&str, &str)> = ok
+            .devices
+            .iter()
+            .map(|d| (d.container_path.as_str(), d.host_path.as_str()))
+            .collect();
+        assert_eq!(
+            files,
+            [
+                ("/dev/nvidia1", "/sim/dev/nvidia1"),
+                ("/dev/nvidia2", "/sim/dev/nvidia2"),
+                ("/dev/nvidiactl", "/sim/dev/nvidiactl")
+            ],
+            "the same files lj-runtime would give"
+        );
         let held = BTreeMap::from([(
             1,
             vec![crate::model::WholeHolder {

@@ -33,6 +33,7 @@ impl Shared {
             nics: self.sysfs.rdma_nics(),
             paths,
             control_nodes: Vec::new(),
+            device_root: String::new(),
         })
     }
 

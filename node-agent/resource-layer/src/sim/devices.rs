@@ -31,6 +31,7 @@ impl SimulatedBackend {
                 .cloned()
                 .collect(),
             control_nodes: Vec::new(),
+            device_root: String::new(),
         })
     }
 
