@@ -215,6 +215,10 @@ pub struct NodeState {
     /// Cards the kubelet gave whole to pods, by card index (empty when the pod-resources API
     /// cannot be reached).
     pub held_whole: BTreeMap<u32, Vec<WholeHolder>>,
+    /// Pods (`<namespace>/<name>`) this agent has seen GpuSlices of on this node, kept while
+    /// they have slices or the kubelet still lists them: a card the kubelet's books still give
+    /// to such a pod after it ended is not held outside the scheduler.
+    pub own_pods: BTreeSet<String>,
 }
 
 impl NodeState {

@@ -6,7 +6,7 @@
 use crate::model::{Inventory, NodeState, WholeHolder};
 use runtimekit_proto::podresources::v1 as pr;
 use runtimekit_proto::podresources::v1::pod_resources_lister_client::PodResourcesListerClient;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -32,14 +32,20 @@ pub async fn list(socket: &Path) -> Result<Vec<pr::PodResources>, String> {
     Ok(response.into_inner().pod_resources)
 }
 
-/// The cards given whole through one of `whole` (resource names), by card index.
+/// The cards given whole through one of `whole` (resource names), by card index, to pods other
+/// than `own` (pods of this scheduler, whose cards their GpuSlices account; the kubelet keeps an
+/// ended pod's devices in its books until the pod object goes).
 pub fn held_whole(
     pods: &[pr::PodResources],
     inventory: &Inventory,
     whole: &[String],
+    own: &BTreeSet<String>,
 ) -> BTreeMap<u32, Vec<WholeHolder>> {
     let mut held: BTreeMap<u32, Vec<WholeHolder>> = BTreeMap::new();
     for pod in pods {
+        if own.contains(&format!("{}/{}", pod.namespace, pod.name)) {
+            continue;
+        }
         let devices = pod.containers.iter().flat_map(|c| c.devices.iter());
         for devices in devices.filter(|d| whole.contains(&d.resource_name)) {
             for id in &devices.device_ids {
@@ -76,8 +82,30 @@ pub async fn poll(
                     tracing::info!(socket = %socket.display(), "reading the kubelet's pod resources");
                     reachable = Some(true);
                 }
-                let inventory = state.borrow().inventory.clone().unwrap_or_default();
-                held_whole(&pods, &inventory, &whole)
+                let (inventory, own) = {
+                    let now = state.borrow();
+                    (
+                        now.inventory.clone().unwrap_or_default(),
+                        now.own_pods.clone(),
+                    )
+                };
+                // Forget own pods that have neither slices nor a place in the kubelet's books.
+                let listed: BTreeSet<String> = pods
+                    .iter()
+                    .map(|p| format!("{}/{}", p.namespace, p.name))
+                    .collect();
+                state.send_if_modified(|s| {
+                    let before = s.own_pods.len();
+                    let slices: BTreeSet<String> = s
+                        .slices
+                        .iter()
+                        .map(|x| format!("{}/{}", x.pod_namespace, x.pod_name))
+                        .collect();
+                    s.own_pods
+                        .retain(|p| listed.contains(p) || slices.contains(p));
+                    s.own_pods.len() != before
+                });
+                held_whole(&pods, &inventory, &whole, &own)
             }
             Err(error) => {
                 if reachable != Some(false) {
@@ -137,11 +165,13 @@ mod tests {
                 ..Default::default()
             }],
         };
-        let held = held_whole(
-            &[pod],
-            &inventory,
-            &["aliyun.com/gpu".into(), "nvidia.com/gpu".into()],
-        );
+        let whole = ["aliyun.com/gpu".into(), "nvidia.com/gpu".into()];
+        let own = BTreeSet::from(["ns/ours".to_owned()]);
+        let ours = pr::PodResources {
+            name: "ours".into(),
+            ..pod.clone()
+        };
+        let held = held_whole(&[pod, ours], &inventory, &whole, &own);
         assert_eq!(
             held,
             BTreeMap::from([(

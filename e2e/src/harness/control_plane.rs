@@ -93,6 +93,23 @@ impl TestContext {
         Ok(node.clone())
     }
 
+    /// Stops the real node's kubelet and starts it again (its containers keep running), then
+    /// waits until it answers its health check.
+    pub async fn restart_real_kubelet(&self, node: &RealNode) -> Result<()> {
+        let stopped = self.with_cluster(|cluster| cluster.stop_component("kubelet"))?;
+        self.with_cluster(|cluster| cluster.start_again(stopped))?;
+        let healthz = std::net::SocketAddr::from(([127, 0, 0, 1], node.healthz_port));
+        self.wait_for(
+            "the kubelet to be healthy again",
+            Duration::from_secs(60),
+            || async {
+                let answer = crate::tools::http_get(healthz, "/healthz").unwrap_or_default();
+                Ok(answer.contains(" 200 ").then_some(()))
+            },
+        )
+        .await
+    }
+
     /// A client that authenticates as `user` in `groups` with a client certificate.
     pub async fn client_for(&self, user: &str, groups: &[&str]) -> Result<Client> {
         let path = self.kubeconfig_for(user, groups)?;

@@ -27,6 +27,7 @@ fn tests() -> Vec<Test> {
         contract_policy::TESTS,
         faults::TESTS,
         node_agent::TESTS,
+        // Last: the real node stays once started, and no other test should see its cards.
         real_node::TESTS,
     ]
     .concat()

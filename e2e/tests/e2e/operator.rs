@@ -1010,6 +1010,13 @@ async fn invariants(ctx: &TestContext) -> Result<()> {
         let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
             continue;
         };
+        // An ended pod's slices are released: it holds nothing any more.
+        if matches!(
+            pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+            Some("Succeeded" | "Failed")
+        ) {
+            continue;
+        }
         let Ok(request) = parse_pod(pod, &config) else {
             continue;
         };

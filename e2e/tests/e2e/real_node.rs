@@ -1,16 +1,34 @@
-//! The real node: containerd, runc, CNI and the kubelet on this machine, registered in the
-//! shared control plane. Pods run as real containers, and `kubectl logs` and `exec` reach them.
+//! The real node: containerd, runc, CNI, the `lj-runtime` handler and the kubelet on this
+//! machine, with the kit's resource layer (simulated cards whose device files are stand-ins)
+//! and node agent, registered in the shared control plane. Pods run as real containers; those
+//! the operator places get exactly their allocation injected by lj-runtime.
+//!
+//! The node stays for the rest of the run once started, so these tests run last: no other
+//! test sees its cards.
 
+use crate::operator::with_operator;
 use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::ResourceExt;
 use kube::api::{DeleteParams, PostParams};
+use runtimekit_contract::allocation::Allocation;
+use runtimekit_crds::GpuSlice;
 use runtimekit_e2e::harness::Test;
-use runtimekit_e2e::real_node::ENABLE_LABEL;
+use runtimekit_e2e::real_node::{ENABLE_LABEL, RealNode};
 use runtimekit_e2e::{TestContext, tests};
+use runtimekit_proto::resource::v1alpha1 as pb;
 use serde_json::json;
+use std::collections::BTreeSet;
 use std::time::Duration;
 
-pub const TESTS: &[Test] = tests![real_node_runs_containers];
+pub const TESTS: &[Test] = tests![
+    real_node_runs_containers,
+    real_node_usage_guide_pods_see_exactly_their_allocation,
+    real_node_default_scheduler_whole_card_never_gets_a_sliced_card,
+    real_node_lj_runtime_fails_a_pod_without_an_allocation,
+    real_node_kubelet_restart_leaves_running_pods_and_serves_new_ones,
+    real_node_deleted_mig_pod_gives_back_its_instance,
+];
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -114,4 +132,388 @@ async fn real_node_runs_containers(ctx: TestContext) -> Result<()> {
     })
     .await?;
     Ok(())
+}
+
+/// What a container of the kit prints about itself: its card device files, MIG capability
+/// files, RDMA files and the kit's variables.
+const SHOW: &str = "echo \"DEV $(cd /dev && ls -d nvidia[0-9]* 2>/dev/null | tr '\\n' ' ')\"; \
+    echo \"CAPS $(ls /dev/nvidia-caps 2>/dev/null | tr '\\n' ' ')\"; \
+    echo \"IB $(ls /dev/infiniband 2>/dev/null | tr '\\n' ' ')\"; \
+    env | grep -E '^(NVIDIA|RUNTIMEKIT)_' | sort";
+
+/// A usage-guide example as a pod that runs `script` on the real node: the image placeholder
+/// replaced by the locally built busybox, and nothing else of the example changed.
+fn example(seed: &str, name: &str, node: &str, script: &str) -> Result<serde_json::Value> {
+    let path = runtimekit_e2e::tools::repo_root()
+        .join("contract/tests/seeds")
+        .join(seed);
+    let text = std::fs::read_to_string(&path)?
+        .replace("<your-image>", "docker.io/local/busybox:1")
+        .replace("<your-training-image>", "docker.io/local/busybox:1");
+    let mut pod: serde_json::Value = serde_yaml::from_str(&text)?;
+    pod["metadata"]["name"] = json!(name);
+    let spec = &mut pod["spec"];
+    spec["restartPolicy"] = json!("Never");
+    spec["automountServiceAccountToken"] = json!(false);
+    spec["terminationGracePeriodSeconds"] = json!(1);
+    spec["nodeSelector"] = json!({"kubernetes.io/hostname": node});
+    for container in spec["containers"].as_array_mut().into_iter().flatten() {
+        container["imagePullPolicy"] = json!("Never");
+        container["command"] = json!(["/bin/sh", "-c", script]);
+    }
+    Ok(pod)
+}
+
+/// What a container showed, read from its log.
+#[derive(Debug, Default)]
+struct Seen {
+    cards: BTreeSet<String>,
+    caps: usize,
+    ib: BTreeSet<String>,
+    env: Vec<(String, String)>,
+}
+
+impl Seen {
+    fn read(log: &str) -> Seen {
+        let words = |rest: &str| rest.split_whitespace().map(str::to_owned).collect();
+        let mut seen = Seen::default();
+        for line in log.lines() {
+            if let Some(rest) = line.strip_prefix("DEV") {
+                seen.cards = words(rest);
+            } else if let Some(rest) = line.strip_prefix("CAPS") {
+                seen.caps = rest.split_whitespace().count();
+            } else if let Some(rest) = line.strip_prefix("IB") {
+                seen.ib = words(rest);
+            } else if let Some((k, v)) = line.split_once('=') {
+                seen.env.push((k.to_owned(), v.to_owned()));
+            }
+        }
+        seen
+    }
+
+    fn var(&self, name: &str) -> Option<&str> {
+        self.env
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// Creates `pod`, waits until it succeeded and returns it with what its container showed.
+async fn run(ctx: &TestContext, pod: serde_json::Value) -> Result<(Pod, Seen)> {
+    let name = pod["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let object: Pod = serde_json::from_value(pod)?;
+    ctx.api::<Pod>()
+        .create(&PostParams::default(), &object)
+        .await?;
+    let done = wait_phase(ctx, &name, "Succeeded").await?;
+    let log = ctx.kubectl_ok(&["logs", &name], None)?;
+    Ok((done, Seen::read(&log)))
+}
+
+/// The allocation the scheduler gave a pod, from its annotation.
+fn allocation(pod: &Pod) -> Result<Allocation> {
+    let text = pod
+        .annotations()
+        .get("aliyun.com/allocation")
+        .context("the pod has no allocation annotation")?;
+    Ok(serde_json::from_str(text)?)
+}
+
+/// Checks that `seen` is exactly what `pod`'s allocation gives its one container.
+fn exactly(ctx_slices: &[GpuSlice], pod: &Pod, seen: &Seen) -> Result<()> {
+    let allocation = allocation(pod)?;
+    let part = allocation
+        .containers
+        .first()
+        .context("no container allocated")?;
+    let cards: BTreeSet<String> = part
+        .cards
+        .iter()
+        .map(|c| format!("nvidia{}", c.index))
+        .collect();
+    ensure!(
+        seen.cards == cards,
+        "{}: card files {:?}, allocation {cards:?}",
+        pod.name_any(),
+        seen.cards
+    );
+    let mut visible = Vec::new();
+    for card in &part.cards {
+        if card.mode == "MIG" {
+            let slice = ctx_slices
+                .iter()
+                .find(|s| s.name_any() == card.slice)
+                .context("the MIG card's slice")?;
+            let mig = slice
+                .status
+                .as_ref()
+                .and_then(|s| s.mig_instance.as_ref())
+                .context("the slice's MIG instance")?;
+            visible.push(mig.device_uuid.clone());
+        } else {
+            visible.push(card.uuid.clone());
+        }
+    }
+    ensure!(
+        seen.var("NVIDIA_VISIBLE_DEVICES") == Some(visible.join(",").as_str()),
+        "{}: {:?} against {visible:?}",
+        pod.name_any(),
+        seen.env
+    );
+    let migs = part.cards.iter().filter(|c| c.mode == "MIG").count();
+    ensure!(
+        seen.caps == 2 * migs,
+        "two capability files per MIG card: {seen:?}"
+    );
+    let list = |f: &dyn Fn(&runtimekit_contract::allocation::AllocatedCard) -> u64| {
+        part.cards
+            .iter()
+            .map(|c| f(c).to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    ensure!(
+        seen.var("RUNTIMEKIT_GPU_CORE_LIMIT")
+            == Some(list(&|c| c.core.map_or(0, u64::from)).as_str()),
+        "{seen:?}"
+    );
+    ensure!(
+        seen.var("RUNTIMEKIT_GPU_MEMORY_LIMIT_MIB")
+            == Some(list(&|c| c.memory_mib.unwrap_or(0)).as_str()),
+        "{seen:?}"
+    );
+    ensure!(
+        (seen.ib.is_empty()) == part.nics.is_empty(),
+        "RDMA files only with NICs: {seen:?}, {:?}",
+        part.nics
+    );
+    Ok(())
+}
+
+async fn slices_now(ctx: &TestContext) -> Result<Vec<GpuSlice>> {
+    Ok(ctx.api::<GpuSlice>().list(&Default::default()).await?.items)
+}
+
+async fn real_node_usage_guide_pods_see_exactly_their_allocation(ctx: TestContext) -> Result<()> {
+    let node = ctx.real_node().await?;
+    with_operator(ctx, |ctx| async move {
+        for (seed, name) in [
+            ("3.1-whole-card.yaml", "whole"),
+            ("3.2-tdm.yaml", "tdm"),
+            ("3.3-mig.yaml", "mig"),
+            ("3.4-multi-card.yaml", "replicas"),
+        ] {
+            // Ended pods release their slices, so read them while the pod runs: the MIG
+            // instance's UUID is in its slice.
+            let script = format!("{SHOW}; sleep 2");
+            let pod = example(seed, name, &node.name, &script)?;
+            let object: Pod = serde_json::from_value(pod)?;
+            ctx.api::<Pod>()
+                .create(&PostParams::default(), &object)
+                .await?;
+            let running = wait_phase(&ctx, name, "Running").await?;
+            let slices = slices_now(&ctx).await?;
+            wait_phase(&ctx, name, "Succeeded").await?;
+            let log = ctx.kubectl_ok(&["logs", name], None)?;
+            exactly(&slices, &running, &Seen::read(&log))
+                .with_context(|| format!("{seed}:\n{log}"))?;
+        }
+        // The usage guide's RDMA example (on this node's H800 cards rather than PPU M890P).
+        let rdma = example("4.1-ppu-m890p-rdma.yaml", "rdma", &node.name, SHOW)?;
+        let (pod, seen) = run(&ctx, rdma).await?;
+        exactly(&[], &pod, &seen)?;
+        let nics = &allocation(&pod)?.containers[0].nics;
+        ensure!(
+            seen.ib.contains("rdma_cm")
+                && seen.ib.iter().filter(|f| f.starts_with("uverbs")).count() == nics.len(),
+            "{seen:?} for {nics:?}"
+        );
+        ensure!(
+            seen.var("RUNTIMEKIT_RDMA_DEVICES") == Some(nics.join(",").as_str()),
+            "{seen:?}"
+        );
+        Ok(())
+    })
+    .await
+}
+
+async fn real_node_default_scheduler_whole_card_never_gets_a_sliced_card(
+    ctx: TestContext,
+) -> Result<()> {
+    let node = ctx.real_node().await?;
+    with_operator(ctx, |ctx| async move {
+        // A share of our scheduler holds a card while the other pod is admitted.
+        let share = example("3.2-tdm.yaml", "share", &node.name, "sleep 3600")?;
+        let object: Pod = serde_json::from_value(share)?;
+        ctx.api::<Pod>().create(&PostParams::default(), &object).await?;
+        let running = wait_phase(&ctx, "share", "Running").await?;
+        let held = allocation(&running)?.containers[0].cards[0].index;
+        for i in 0..3 {
+            let name = format!("plain-{i}");
+            let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+                "spec": {"nodeName": node.name, "restartPolicy": "Never", "automountServiceAccountToken": false,
+                    "containers": [{"name": "main", "image": "docker.io/local/busybox:1", "imagePullPolicy": "Never",
+                        "command": ["/bin/sh", "-c", SHOW],
+                        "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}});
+            let (_, seen) = run(&ctx, pod).await?;
+            ensure!(seen.cards.len() == 1, "one card through the device plugin: {seen:?}");
+            ensure!(
+                !seen.cards.contains(&format!("nvidia{held}")),
+                "never the card holding the share ({held}): {seen:?}"
+            );
+            ensure!(seen.var("NVIDIA_VISIBLE_DEVICES").is_some_and(|v| v.starts_with("GPU-")), "{seen:?}");
+        }
+        ctx.api::<Pod>().delete("share", &DeleteParams::default()).await?;
+        Ok(())
+    })
+    .await
+}
+
+async fn real_node_lj_runtime_fails_a_pod_without_an_allocation(ctx: TestContext) -> Result<()> {
+    let node = ctx.real_node().await?;
+    let mut pod = busybox_pod("unplaced", &node.name, "echo should not run")?;
+    if let Some(spec) = pod.spec.as_mut() {
+        spec.runtime_class_name = Some("lj-runtime".into());
+    }
+    ctx.api::<Pod>()
+        .create(&PostParams::default(), &pod)
+        .await?;
+    let message = ctx
+        .wait_for("the container to fail", WAIT, || async {
+            let pod = ctx.api::<Pod>().get("unplaced").await?;
+            let waiting = pod
+                .status
+                .and_then(|s| s.container_statuses)
+                .into_iter()
+                .flatten()
+                .find_map(|c| {
+                    let state = c.state?;
+                    state
+                        .terminated
+                        .and_then(|t| t.message)
+                        .or(state.waiting.and_then(|w| w.message))
+                });
+            Ok(waiting.filter(|m| m.contains("lj-runtime")))
+        })
+        .await?;
+    ensure!(
+        message.contains("pod") && message.contains("has no aliyun.com/allocation annotation"),
+        "{message}"
+    );
+    let described = ctx.kubectl_ok(&["describe", "pod", "unplaced"], None)?;
+    ensure!(
+        described.contains("lj-runtimekit-scheduler"),
+        "the fix is named: {described}"
+    );
+    Ok(())
+}
+
+async fn real_node_kubelet_restart_leaves_running_pods_and_serves_new_ones(
+    ctx: TestContext,
+) -> Result<()> {
+    let node = ctx.real_node().await?;
+    with_operator(ctx, |ctx| async move {
+        let share = example("3.2-tdm.yaml", "steady", &node.name, "sleep 3600")?;
+        let object: Pod = serde_json::from_value(share)?;
+        ctx.api::<Pod>()
+            .create(&PostParams::default(), &object)
+            .await?;
+        let before = wait_phase(&ctx, "steady", "Running").await?;
+        let id = |pod: &Pod| {
+            pod.status
+                .as_ref()
+                .and_then(|s| s.container_statuses.as_ref())
+                .and_then(|c| c.first())
+                .and_then(|c| c.container_id.clone())
+        };
+        ctx.restart_real_kubelet(&node).await?;
+        // The node agent registers its device plugins with the new kubelet.
+        ctx.wait_for("the device plugins to register again", WAIT, || async {
+            Ok(allocatable_cards(&node).await.ok().filter(|n| *n > 0))
+        })
+        .await?;
+        let after = ctx.api::<Pod>().get("steady").await?;
+        ensure!(
+            id(&after).is_some() && id(&after) == id(&before),
+            "the running container is the same one"
+        );
+        let restarts = after
+            .status
+            .and_then(|s| s.container_statuses)
+            .and_then(|c| c.first().map(|c| c.restart_count));
+        ensure!(restarts == Some(0), "not restarted: {restarts:?}");
+        let (pod, seen) = run(
+            &ctx,
+            example("3.1-whole-card.yaml", "after", &node.name, SHOW)?,
+        )
+        .await?;
+        exactly(&[], &pod, &seen)?;
+        ctx.api::<Pod>()
+            .delete("steady", &DeleteParams::default())
+            .await?;
+        Ok(())
+    })
+    .await
+}
+
+async fn real_node_deleted_mig_pod_gives_back_its_instance(ctx: TestContext) -> Result<()> {
+    let node = ctx.real_node().await?;
+    with_operator(ctx, |ctx| async move {
+        let mig = example("3.3-mig.yaml", "mig-held", &node.name, "sleep 3600")?;
+        let object: Pod = serde_json::from_value(mig)?;
+        ctx.api::<Pod>()
+            .create(&PostParams::default(), &object)
+            .await?;
+        let running = wait_phase(&ctx, "mig-held", "Running").await?;
+        let slice = allocation(&running)?.containers[0].cards[0].slice.clone();
+        let key = format!("{}/{slice}", ctx.namespace);
+        ensure!(
+            instance_keys(&node).await?.contains(&key),
+            "the instance exists while the pod runs"
+        );
+        ctx.api::<Pod>()
+            .delete("mig-held", &DeleteParams::default())
+            .await?;
+        ctx.wait_for("the slice and its instance to go", WAIT, || async {
+            let slice_gone = ctx.api::<GpuSlice>().get_opt(&slice).await?.is_none();
+            let instance_gone = !instance_keys(&node).await?.contains(&key);
+            Ok((slice_gone && instance_gone).then_some(()))
+        })
+        .await?;
+        Ok(())
+    })
+    .await
+}
+
+/// How many whole cards the real kubelet can give now (its registered device plugins' devices).
+async fn allocatable_cards(node: &RealNode) -> Result<usize> {
+    use runtimekit_proto::podresources::v1 as pr;
+    let socket = node.dir.join("kubelet/pod-resources/kubelet.sock");
+    let channel = runtimekit_resource_layer::connect(&socket).await?;
+    let mut client = pr::pod_resources_lister_client::PodResourcesListerClient::new(channel);
+    let answer = client
+        .get_allocatable_resources(pr::AllocatableResourcesRequest::default())
+        .await?
+        .into_inner();
+    Ok(answer
+        .devices
+        .iter()
+        .filter(|d| d.resource_name == "nvidia.com/gpu")
+        .map(|d| d.device_ids.len())
+        .sum())
+}
+
+/// The keys of the instances the real node's resource layer holds.
+async fn instance_keys(node: &RealNode) -> Result<BTreeSet<String>> {
+    let mut client = runtimekit_resource_layer::resource_client(&node.layer_socket).await?;
+    let instances = client
+        .list_instances(pb::ListInstancesRequest::default())
+        .await?
+        .into_inner()
+        .instances;
+    Ok(instances.into_iter().map(|i| i.key).collect())
 }

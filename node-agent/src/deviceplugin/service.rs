@@ -124,7 +124,7 @@ impl DevicePlugin for PluginService {
                 Ok(pods) => {
                     let state = self.state.borrow();
                     let inventory = state.inventory.clone().unwrap_or_default();
-                    podresources::held_whole(&pods, &inventory, &self.whole_names)
+                    podresources::held_whole(&pods, &inventory, &self.whole_names, &state.own_pods)
                 }
                 Err(error) => {
                     tracing::debug!(%error, "checking without the kubelet's pod resources");

@@ -254,6 +254,11 @@ impl Enactor {
         let slices: Vec<SliceInfo> = infos.iter().map(|(_, i)| i.clone()).collect();
         self.state.send_if_modified(|state| {
             let changed = state.slices != slices || !state.slices_synced;
+            state.own_pods.extend(
+                slices
+                    .iter()
+                    .map(|s| format!("{}/{}", s.pod_namespace, s.pod_name)),
+            );
             state.slices = slices;
             state.slices_synced = true;
             changed
