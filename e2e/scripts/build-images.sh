@@ -4,14 +4,22 @@
 # per image: `<reference> <tar>`, the reference being the name containerd's CRI looks up after
 # `ctr -n k8s.io images import --base-name docker.io/local/<name> <tar>`.
 #
-#   e2e/scripts/build-images.sh [pause|busybox ...]   (default: both)
+#   e2e/scripts/build-images.sh [pause|busybox|operator|node-agent ...]   (default: pause busybox)
 #
-# pause    the pod sandbox: busybox sleeping forever (CRI needs only a non-empty entrypoint)
-# busybox  the test image: busybox with every applet on PATH
+# pause       the pod sandbox: busybox sleeping forever (CRI needs only a non-empty entrypoint)
+# busybox     the test image: busybox with every applet on PATH
+# operator    runtimekit-operator, a static release binary, running as the non-root user 65532
+# node-agent  runtimekit-node-agent and lj-runtime (static), and runtimekit-resource-layer, which
+#             loads NVML with dlopen and so is linked against glibc, shipped in the image
+#
+# The product images are tagged with the workspace version; operator/Dockerfile and
+# node-agent/Dockerfile build the same images on a machine with a container engine (a test keeps
+# the two in step).
 set -euo pipefail
 
 cache=${RUNTIMEKIT_CACHE:-$HOME/.cache/runtimekit}/images
 mkdir -p "$cache"
+here=$(cd "$(dirname "$0")/../.." && pwd)
 busybox=$(command -v busybox) || { echo "busybox-static is missing: run e2e/scripts/install-node-packages.sh" >&2; exit 1; }
 command -v umoci >/dev/null || { echo "umoci is missing: run e2e/scripts/install-node-packages.sh" >&2; exit 1; }
 # Images change only with the busybox they are made of.
@@ -43,12 +51,83 @@ build() {
   echo "docker.io/local/$name:1 $tar"
 }
 
+target=x86_64-unknown-linux-gnu
+release="$here/target/$target/release"
+
+# release_binaries STATIC PACKAGE:BINARY...: release builds, statically linked when STATIC is
+# yes (glibc's crt-static; target-specific so the host's build scripts stay dynamic).
+release_binaries() {
+  local static=$1; shift
+  local args=()
+  for spec in "$@"; do args+=(-p "${spec%%:*}" --bin "${spec#*:}"); done
+  echo "building ${*#*:} (release$([ "$static" = yes ] && echo ", static"))" >&2
+  if [ "$static" = yes ]; then
+    RUSTFLAGS="-C target-feature=+crt-static" cargo build --quiet --locked --release --target "$target" "${args[@]}" >&2
+  else
+    # The host's own release build, which `just soak` and the benchmarks share.
+    cargo build --quiet --locked --release "${args[@]}" >&2
+  fi
+}
+
+# product NAME USER ENTRYPOINT FILES...: a one-layer image of FILES (host-path:image-path), with
+# an /etc/passwd naming USER, running as USER.
+product() {
+  local name=$1 user=$2 entrypoint=$3; shift 3
+  local version; version=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$here/Cargo.toml" | head -1)
+  local tar="$cache/runtimekit-$name-$version.tar"
+  local work; work=$(mktemp -d)
+  trap 'rm -rf "$work"' RETURN
+  umoci init --layout "$work/layout"
+  umoci new --image "$work/layout:$name"
+  umoci unpack --rootless --image "$work/layout:$name" "$work/bundle" >/dev/null
+  local root="$work/bundle/rootfs"
+  mkdir -p "$root/etc" "$root/tmp"
+  chmod 1777 "$root/tmp"
+  printf 'root:x:0:0:root:/:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/:/sbin/nologin\n' >"$root/etc/passwd"
+  printf 'root:x:0:\nnonroot:x:65532:\n' >"$root/etc/group"
+  for file in "$@"; do
+    install -D -m 0755 "${file%%:*}" "$root${file#*:}"
+  done
+  umoci repack --image "$work/layout:$name" "$work/bundle"
+  local config=(--config.user "$user" --config.env PATH=/usr/local/bin)
+  [ -n "$entrypoint" ] && config+=(--config.entrypoint "$entrypoint")
+  umoci config --image "$work/layout:$name" "${config[@]}"
+  umoci tag --image "$work/layout:$name" "$version"
+  umoci rm --image "$work/layout:$name"
+  (cd "$work/layout" && tar cf "$tar.partial" .)
+  mv "$tar.partial" "$tar"
+  echo "built image runtimekit-$name:$version ($(du -h "$tar" | cut -f1))" >&2
+  echo "docker.io/local/runtimekit-$name:$version $tar"
+}
+
+# The glibc files a dynamic binary needs (its ldd list), as host-path:image-path.
+libraries_of() {
+  ldd "$1" | awk '/=> \//{print $3} /^\t\/lib/{print $1}' | while read -r lib; do
+    echo "$(readlink -f "$lib"):$lib"
+  done
+}
+
 images=("$@")
 [ ${#images[@]} -gt 0 ] || images=(pause busybox)
 for image in "${images[@]}"; do
   case $image in
     pause) build pause --config.entrypoint /bin/busybox --config.cmd sleep --config.cmd infinity ;;
     busybox) build busybox --config.cmd /bin/sh ;;
-    *) echo "unknown image: $image (expected pause or busybox)" >&2; exit 2 ;;
+    operator)
+      release_binaries yes runtimekit-operator:runtimekit-operator
+      product operator 65532:65532 /usr/local/bin/runtimekit-operator \
+        "$release/runtimekit-operator:/usr/local/bin/runtimekit-operator"
+      ;;
+    node-agent)
+      release_binaries yes runtimekit-node-agent:runtimekit-node-agent runtimekit-lj-runtime:lj-runtime
+      release_binaries no runtimekit-resource-layer:runtimekit-resource-layer
+      layer="$here/target/release/runtimekit-resource-layer"
+      mapfile -t libs < <(libraries_of "$layer")
+      product node-agent 0:0 "" \
+        "$release/runtimekit-node-agent:/usr/local/bin/runtimekit-node-agent" \
+        "$release/lj-runtime:/usr/local/bin/lj-runtime" \
+        "$layer:/usr/local/bin/runtimekit-resource-layer" "${libs[@]}"
+      ;;
+    *) echo "unknown image: $image (expected pause, busybox, operator or node-agent)" >&2; exit 2 ;;
   esac
 done

@@ -66,6 +66,22 @@ impl Hardware {
         hardware
     }
 
+    /// Every device file of the node: cards, instances, NICs and the control files.
+    pub fn all_files(&self) -> Vec<String> {
+        let mut files: Vec<String> = self
+            .cards
+            .values()
+            .chain(self.nics.values())
+            .flatten()
+            .chain(self.instances.values().flat_map(|m| m.nodes.iter()))
+            .chain(self.control.iter())
+            .cloned()
+            .collect();
+        files.sort();
+        files.dedup();
+        files
+    }
+
     /// Asks the resource layer at `socket`.
     pub async fn query(socket: &Path) -> Result<Hardware, String> {
         let channel = runtimekit_resource_layer::client::connect(socket)

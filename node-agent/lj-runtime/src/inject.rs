@@ -170,6 +170,9 @@ pub struct Given {
     pub files: Vec<String>,
     /// The folder they live under on the host (`/dev` in the container).
     pub device_root: String,
+    /// Every device file of the node's cards, instances and NICs: any the spec already has
+    /// (the device plugin's, for the cards the kubelet's books picked) is taken out first.
+    pub known: Vec<String>,
     /// Environment variables.
     pub env: Vec<(String, String)>,
 }
@@ -178,6 +181,7 @@ pub struct Given {
 pub fn given(plan: &Plan, hardware: &Hardware) -> Result<Given, InjectError> {
     let mut given = Given {
         device_root: hardware.device_root.clone(),
+        known: hardware.all_files(),
         ..Given::default()
     };
     let Plan::Give { namespace, part } = plan else {
@@ -267,8 +271,40 @@ pub fn given(plan: &Plan, hardware: &Hardware) -> Result<Given, InjectError> {
 }
 
 /// Writes what is given into `spec`: the device files (created in the container and allowed
-/// in its device cgroup) and the environment, replacing any earlier value of its variables.
+/// in its device cgroup) and the environment, replacing any earlier value of its variables and
+/// any of the node's card, instance or NIC files the spec had.
 pub fn apply(spec: &mut Value, given: &Given, stat: Stat<'_>) -> Result<(), InjectError> {
+    let known: Vec<(String, u64, u64)> = given
+        .known
+        .iter()
+        .filter_map(|file| {
+            let (_, major, minor) = stat(Path::new(file))?;
+            Some((container_path(file, &given.device_root), major, minor))
+        })
+        .collect();
+    if let Some(linux) = spec.get_mut("linux") {
+        if let Some(devices) = linux.get_mut("devices").and_then(Value::as_array_mut) {
+            devices.retain(|d| {
+                let path = d.get("path").and_then(Value::as_str).unwrap_or_default();
+                !known.iter().any(|(p, _, _)| p == path)
+            });
+        }
+        if let Some(rules) = linux
+            .get_mut("resources")
+            .and_then(|r| r.get_mut("devices"))
+            .and_then(Value::as_array_mut)
+        {
+            rules.retain(|r| {
+                let allow = r.get("allow").and_then(Value::as_bool).unwrap_or(false);
+                let major = r.get("major").and_then(Value::as_u64);
+                let minor = r.get("minor").and_then(Value::as_u64);
+                !(allow
+                    && known
+                        .iter()
+                        .any(|(_, a, b)| Some(*a) == major && Some(*b) == minor))
+            });
+        }
+    }
     let mut devices = Vec::new();
     let mut rules = Vec::new();
     for file in &given.files {
@@ -337,7 +373,15 @@ mod tests {
         if let Some(a) = allocation {
             annotations["aliyun.com/allocation"] = json!(a);
         }
-        json!({"process": {"env": ["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=all"]}, "annotations": annotations, "linux": {}})
+        // What the device plugin put there for the card the kubelet's books picked (card 0).
+        json!({"process": {"env": ["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=all"]}, "annotations": annotations,
+        "linux": {"devices": [
+            {"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0},
+            {"path": "/dev/fuse", "type": "c", "major": 10, "minor": 229},
+        ], "resources": {"devices": [
+            {"allow": false, "access": "rwm"},
+            {"allow": true, "type": "c", "major": 195, "minor": 0, "access": "rw"},
+        ]}}})
     }
 
     fn hardware() -> Hardware {
@@ -378,7 +422,14 @@ mod tests {
             .trim_start_matches(|c: char| !c.is_ascii_digit())
             .parse()
             .unwrap_or(255);
-        Some(('c', 195, minor))
+        let major = if name.starts_with("uverbs") {
+            231
+        } else if name.starts_with("nvidia-cap") {
+            511
+        } else {
+            195
+        };
+        Some(('c', major, minor))
     }
 
     #[test]
@@ -414,14 +465,37 @@ mod tests {
             ],
             "the device plugin's NVIDIA_VISIBLE_DEVICES is replaced"
         );
-        assert_eq!(spec["linux"]["devices"][0]["path"], "/dev/nvidia1");
+        let paths: Vec<&str> = spec["linux"]["devices"]
+            .as_array()
+            .expect("devices")
+            .iter()
+            .filter_map(|d| d["path"].as_str())
+            .collect();
         assert_eq!(
-            spec["linux"]["devices"][2]["path"],
-            "/dev/infiniband/uverbs0"
+            paths,
+            [
+                "/dev/fuse",
+                "/dev/nvidia1",
+                "/dev/nvidiactl",
+                "/dev/infiniband/uverbs0"
+            ],
+            "the card the device plugin gave is replaced by the allocation's; others stay"
+        );
+        let rules = spec["linux"]["resources"]["devices"]
+            .as_array()
+            .expect("rules");
+        assert_eq!(
+            rules[0],
+            json!({"allow": false, "access": "rwm"}),
+            "deny-all stays first"
         );
         assert_eq!(
-            spec["linux"]["resources"]["devices"][0],
+            rules[1],
             json!({"allow": true, "type": "c", "major": 195, "minor": 1, "access": "rwm"})
+        );
+        assert!(
+            !rules.iter().any(|r| r["minor"] == 0 && r["major"] == 195),
+            "{rules:?}"
         );
     }
 
