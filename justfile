@@ -43,6 +43,10 @@ e2e *filter: node-packages
 node-packages:
     e2e/scripts/install-node-packages.sh
 
+# Build the OCI images (operator and node agent from static release binaries, plus the real node's pause and busybox) with umoci, no registry; prints each image's reference and tar.
+images:
+    e2e/scripts/build-images.sh pause busybox operator node-agent
+
 # Start a local control plane (etcd, kube-apiserver, controller-manager, JobSet, kwok) that keeps running; `--real-node` adds a real node (containerd and the kubelet).
 up *flags:
     cargo run --quiet --locked -p runtimekit-e2e --bin runtimekit-cluster -- up {{flags}}

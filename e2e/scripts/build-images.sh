@@ -53,6 +53,7 @@ build() {
 
 target=x86_64-unknown-linux-gnu
 release="$here/target/$target/release"
+host_release="$here/target/release"
 
 # release_binaries STATIC PACKAGE:BINARY...: release builds, statically linked when STATIC is
 # yes (glibc's crt-static; target-specific so the host's build scripts stay dynamic).
@@ -86,7 +87,10 @@ product() {
   printf 'root:x:0:0:root:/:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/:/sbin/nologin\n' >"$root/etc/passwd"
   printf 'root:x:0:\nnonroot:x:65532:\n' >"$root/etc/group"
   for file in "$@"; do
-    install -D -m 0755 "${file%%:*}" "$root${file#*:}"
+    case ${file#*:} in
+      /usr/local/bin/*) install -D -m 0755 -s "${file%%:*}" "$root${file#*:}" ;; # no debug info
+      *) install -D -m 0755 "${file%%:*}" "$root${file#*:}" ;;
+    esac
   done
   umoci repack --image "$work/layout:$name" "$work/bundle"
   local config=(--config.user "$user" --config.env PATH=/usr/local/bin)
@@ -121,12 +125,11 @@ for image in "${images[@]}"; do
     node-agent)
       release_binaries yes runtimekit-node-agent:runtimekit-node-agent runtimekit-lj-runtime:lj-runtime
       release_binaries no runtimekit-resource-layer:runtimekit-resource-layer
-      layer="$here/target/release/runtimekit-resource-layer"
-      mapfile -t libs < <(libraries_of "$layer")
+      mapfile -t libs < <(libraries_of "$host_release/runtimekit-resource-layer")
       product node-agent 0:0 "" \
         "$release/runtimekit-node-agent:/usr/local/bin/runtimekit-node-agent" \
         "$release/lj-runtime:/usr/local/bin/lj-runtime" \
-        "$layer:/usr/local/bin/runtimekit-resource-layer" "${libs[@]}"
+        "$host_release/runtimekit-resource-layer:/usr/local/bin/runtimekit-resource-layer" "${libs[@]}"
       ;;
     *) echo "unknown image: $image (expected pause, busybox, operator or node-agent)" >&2; exit 2 ;;
   esac

@@ -315,7 +315,9 @@ impl RealNode {
         }
     }
 
-    fn import(&self, reference: &str, tar: &Path) -> Result<()> {
+    /// Imports an OCI-layout tar into the node's containerd as `reference`
+    /// (`docker.io/local/<name>:<tag>`, the name CRI looks up).
+    pub fn import(&self, reference: &str, tar: &Path) -> Result<()> {
         let base = reference.rsplit_once(':').map_or(reference, |(b, _)| b);
         let output = self
             .ctr()

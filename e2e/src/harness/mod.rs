@@ -20,4 +20,4 @@ pub use fake_node::FakeNode;
 pub use kubectl_table::parse_table;
 pub use process::TestProcess;
 pub use run::{Harness, Test, TestFn};
-pub use workspace_binary::workspace_binary;
+pub use workspace_binary::{plain_cargo_env, workspace_binary};

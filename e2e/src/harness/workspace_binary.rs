@@ -24,26 +24,7 @@ pub fn workspace_binary(package: &str, binary: &str) -> Result<PathBuf> {
         .or_else(|| option_env!("CARGO").map(Into::into))
         .unwrap_or_else(|| "cargo".into());
     let mut command = std::process::Command::new(cargo);
-    // The variables cargo sets for the test itself would make this build differ from a plain
-    // one (build scripts watch some), and rebuild dependencies for nothing.
-    for (name, _) in std::env::vars_os() {
-        let name = name.to_string_lossy();
-        if name.starts_with("CARGO_PKG_")
-            || [
-                "CARGO_MANIFEST_DIR",
-                "CARGO_MANIFEST_PATH",
-                "CARGO_MANIFEST_LINKS",
-                "CARGO_CRATE_NAME",
-                "CARGO_BIN_NAME",
-                "CARGO_PRIMARY_PACKAGE",
-                "CARGO_TARGET_TMPDIR",
-                "OUT_DIR",
-            ]
-            .contains(&name.as_ref())
-        {
-            command.env_remove(name.as_ref());
-        }
-    }
+    plain_cargo_env(&mut command);
     command
         .current_dir(crate::tools::repo_root())
         .args(["build", "-p", package, "--bin", binary])
@@ -66,4 +47,28 @@ pub fn workspace_binary(package: &str, binary: &str) -> Result<PathBuf> {
         .with_context(|| format!("cargo built no executable named {binary}"))?;
     built.insert(binary.to_owned(), path.clone());
     Ok(path)
+}
+
+/// Removes from `command`'s environment the variables cargo sets for the test itself: they would
+/// make a cargo build it runs differ from a plain one (build scripts watch some), and rebuild
+/// dependencies for nothing.
+pub fn plain_cargo_env(command: &mut std::process::Command) {
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy();
+        if name.starts_with("CARGO_PKG_")
+            || [
+                "CARGO_MANIFEST_DIR",
+                "CARGO_MANIFEST_PATH",
+                "CARGO_MANIFEST_LINKS",
+                "CARGO_CRATE_NAME",
+                "CARGO_BIN_NAME",
+                "CARGO_PRIMARY_PACKAGE",
+                "CARGO_TARGET_TMPDIR",
+                "OUT_DIR",
+            ]
+            .contains(&name.as_ref())
+        {
+            command.env_remove(name.as_ref());
+        }
+    }
 }

@@ -28,6 +28,7 @@ pub const TESTS: &[Test] = tests![
     real_node_lj_runtime_fails_a_pod_without_an_allocation,
     real_node_kubelet_restart_leaves_running_pods_and_serves_new_ones,
     real_node_deleted_mig_pod_gives_back_its_instance,
+    real_node_runs_the_product_images,
 ];
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -516,4 +517,81 @@ async fn instance_keys(node: &RealNode) -> Result<BTreeSet<String>> {
         .into_inner()
         .instances;
     Ok(instances.into_iter().map(|i| i.key).collect())
+}
+
+/// The operator's and the node agent's images, built by the project's script from release
+/// binaries and imported into the node's containerd, run their binaries: the operator's as the
+/// non-root user on an empty base, the resource layer's with the glibc its image ships.
+async fn real_node_runs_the_product_images(ctx: TestContext) -> Result<()> {
+    let node = ctx.real_node().await?;
+    let script = runtimekit_e2e::tools::repo_root().join("e2e/scripts/build-images.sh");
+    let built = tokio::task::spawn_blocking(move || {
+        let mut command = std::process::Command::new(script);
+        runtimekit_e2e::harness::plain_cargo_env(&mut command);
+        command
+            .args(["operator", "node-agent"])
+            .stderr(std::process::Stdio::inherit())
+            .output()
+    })
+    .await??;
+    ensure!(built.status.success(), "build-images.sh failed");
+    let mut references = Vec::new();
+    for line in String::from_utf8_lossy(&built.stdout).lines() {
+        let (reference, tar) = line.split_once(' ').context("reference and tar")?;
+        node.import(reference, std::path::Path::new(tar))?;
+        references.push(reference.to_owned());
+    }
+    let image = |name: &str| {
+        references
+            .iter()
+            .find(|r| r.contains(name))
+            .cloned()
+            .with_context(|| format!("no {name} image"))
+    };
+    for (pod, reference, command) in [
+        (
+            "operator-image",
+            image("runtimekit-operator")?,
+            vec!["runtimekit-operator", "--version"],
+        ),
+        (
+            "layer-image",
+            image("runtimekit-node-agent")?,
+            vec!["runtimekit-resource-layer", "profiles"],
+        ),
+        (
+            "agent-image",
+            image("runtimekit-node-agent")?,
+            vec!["runtimekit-node-agent", "--help"],
+        ),
+    ] {
+        let object: Pod = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod},
+            "spec": {"nodeName": node.name, "restartPolicy": "Never", "automountServiceAccountToken": false,
+                "containers": [{"name": "main", "image": reference, "imagePullPolicy": "Never", "command": command}]},
+        }))?;
+        ctx.api::<Pod>()
+            .create(&PostParams::default(), &object)
+            .await?;
+        wait_phase(&ctx, pod, "Succeeded").await?;
+    }
+    let version = ctx.kubectl_ok(&["logs", "operator-image"], None)?;
+    ensure!(version.starts_with("runtimekit-operator "), "{version}");
+    let profiles = ctx.kubectl_ok(&["logs", "layer-image"], None)?;
+    ensure!(
+        profiles.contains(runtimekit_e2e::real_node::PROFILE),
+        "{profiles}"
+    );
+    // The operator's image runs as the non-root user its manifest expects.
+    let config = node
+        .ctr()
+        .args(["images", "export", "-"])
+        .arg(image("runtimekit-operator")?)
+        .output()?;
+    ensure!(config.status.success(), "exporting the operator's image");
+    ensure!(
+        String::from_utf8_lossy(&config.stdout).contains("\"User\":\"65532:65532\""),
+        "the operator's image config names user 65532"
+    );
+    Ok(())
 }
