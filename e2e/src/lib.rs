@@ -5,8 +5,8 @@ pub mod cluster;
 pub mod harness;
 pub mod load;
 pub mod pki;
-pub mod real_node;
 pub mod tools;
+pub mod workspace_binary;
 
-pub use cluster::{Cluster, ClusterOptions};
+pub use cluster::{Cluster, ClusterOptions, real_node};
 pub use harness::{FakeNode, Harness, TestContext, parse_table};

@@ -4,7 +4,7 @@
 
 use super::context::TestContext;
 use crate::cluster::Cluster;
-use crate::real_node::RealNode;
+use crate::cluster::real_node::RealNode;
 use anyhow::{Context, Result};
 use kube::Client;
 use std::path::PathBuf;

@@ -4,7 +4,8 @@
 //! `run` holds the run ([`Harness`]) and what a test is ([`Test`], [`tests!`](crate::tests));
 //! `context` what one test works with ([`TestContext`]); `fake_node`, `process` and
 //! `control_plane` what a test does with nodes, processes and the control plane itself;
-//! `kubectl_table` and `workspace_binary` two helpers the tests share.
+//! `kubectl_table` a helper the tests share; `workspace_binary` (beside the harness, since the
+//! cluster's real node uses it too) builds this workspace's binaries.
 
 mod context;
 mod control_plane;
@@ -12,12 +13,11 @@ mod fake_node;
 mod kubectl_table;
 mod process;
 mod run;
-mod workspace_binary;
 
 pub use crate::cluster::KWOK_ANNOTATION;
+pub use crate::workspace_binary::{plain_cargo_env, workspace_binary};
 pub use context::TestContext;
 pub use fake_node::FakeNode;
 pub use kubectl_table::parse_table;
 pub use process::TestProcess;
 pub use run::{Harness, Test, TestFn};
-pub use workspace_binary::{plain_cargo_env, workspace_binary};

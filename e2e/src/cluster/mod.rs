@@ -2,8 +2,9 @@
 //! controller and kwok (plus kube-scheduler on request), each started by PID, waited for until
 //! ready, and stopped by the PIDs it recorded.
 
+pub mod real_node;
+
 use crate::pki::Pki;
-use crate::real_node;
 use crate::tools::Tools;
 use anyhow::{Context, Result, anyhow, bail};
 use k8s_openapi::api::admissionregistration::v1::{

@@ -10,8 +10,8 @@
 //! `--node-ip`), so `kubectl logs` and `exec` reach the kubelet on loopback.
 
 use crate::cluster::Cluster;
-use crate::harness::workspace_binary;
 use crate::tools::repo_root;
+use crate::workspace_binary::workspace_binary;
 use anyhow::{Context, Result, bail};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
