@@ -388,6 +388,7 @@ impl Cluster {
             stop_pid(component.pid, component.child.as_mut());
         }
         real_node::unmount_all(&self.dir);
+        real_node::remove_stale_sockets(&self.dir);
         let _ = std::fs::remove_file(self.dir.join(PID_FILE));
     }
 
@@ -549,6 +550,7 @@ pub fn stop_recorded(dir: &Path) -> Result<usize> {
         }
     }
     real_node::unmount_all(dir);
+    real_node::remove_stale_sockets(dir);
     std::fs::remove_file(&path)?;
     Ok(stopped)
 }

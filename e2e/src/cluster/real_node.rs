@@ -561,6 +561,28 @@ pub fn kill_containers(cluster_dir: &Path) {
     }
 }
 
+/// Removes the sockets the stopped kubelet and node agent left in the kubelet's fixed
+/// device-plugin folder, if `cluster_dir` ran a real node; a socket something still answers on
+/// (another kubelet's) stays.
+pub fn remove_stale_sockets(cluster_dir: &Path) {
+    if !cluster_dir.join(NODE_DIR).exists() {
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir(DEVICE_PLUGINS) else {
+        return;
+    };
+    for entry in entries.filter_map(Result::ok) {
+        let path = entry.path();
+        let ours = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n == "kubelet.sock" || n.starts_with("runtimekit-"));
+        if ours && std::os::unix::net::UnixStream::connect(&path).is_err() {
+            let _ = std::fs::remove_file(&path);
+        }
+    }
+}
+
 /// Unmounts everything mounted under `cluster_dir` (the kubelet's root folder, volumes,
 /// containerd's snapshots and network namespaces), deepest first, so the folder can go.
 pub fn unmount_all(cluster_dir: &Path) {
