@@ -232,7 +232,10 @@ impl Cluster {
 
         self.spawn("kube-controller-manager", &self.tools.k8s.join("kube-controller-manager"), &[
             format!("--kubeconfig={kubeconfig}"),
-            "--controllers=job-controller,garbage-collector-controller,namespace-controller,pod-garbage-collector-controller,ttl-after-finished-controller,clusterrole-aggregation-controller".into(),
+            // The Job controller for JobSets; the Deployment, ReplicaSet and DaemonSet
+            // controllers and the kube-root-ca.crt publisher for the kit deployed from config/.
+            "--controllers=job-controller,garbage-collector-controller,namespace-controller,pod-garbage-collector-controller,ttl-after-finished-controller,clusterrole-aggregation-controller,deployment-controller,replicaset-controller,daemonset-controller,root-ca-certificate-publisher-controller".into(),
+            format!("--root-ca-file={ca}"),
             "--leader-elect=false".into(),
             "--use-service-account-credentials=false".into(),
             "--bind-address=127.0.0.1".into(),

@@ -601,3 +601,126 @@ pub fn unmount_all(cluster_dir: &Path) {
         let _ = nix::mount::umount2(&point, nix::mount::MntFlags::MNT_DETACH);
     }
 }
+
+/// The projected ServiceAccount token a pod gets from the ServiceAccount admission plugin, which
+/// this control plane runs without (tests create pods in namespaces the moment they exist).
+const TOKEN_VOLUME: &str = r#"{"name": "kube-api-access", "projected": {"sources": [
+  {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}},
+  {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+  {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}]}}]}}"#;
+const TOKEN_MOUNT: &str = r#"{"name": "kube-api-access", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount", "readOnly": true}"#;
+
+impl RealNode {
+    /// Writes the local overlay of `config/` for this node and returns its folder: it sets only
+    /// what this local cluster needs, namely the images built here (never pulled), host
+    /// networking with the apiserver on 127.0.0.1:`apiserver_port` (no kube-proxy), the node
+    /// (no kube-scheduler runs), the projected token (no ServiceAccount admission), one
+    /// operator replica, and the node's own folders for the resource layer (simulated, with
+    /// stand-in device files) and the kubelet's pod resources.
+    pub fn write_overlay(&self, apiserver_port: u16, version: &str) -> Result<PathBuf> {
+        let overlay = self.dir.join("overlay");
+        std::fs::create_dir_all(&overlay)?;
+        let config = repo_root().join("config");
+        let up = overlay.components().count() - 1;
+        let relative: PathBuf = std::iter::repeat_n("..", up)
+            .collect::<PathBuf>()
+            .join(config.strip_prefix("/").unwrap_or(&config));
+        let gpu = self
+            .layer_socket
+            .parent()
+            .unwrap_or(&self.dir)
+            .display()
+            .to_string();
+        let pod_resources = self.dir.join("kubelet/pod-resources").display().to_string();
+        let env = format!(
+            r#"[{{"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"}}, {{"name": "KUBERNETES_SERVICE_PORT", "value": "{apiserver_port}"}}]"#
+        );
+        // Each operation as one line of JSON (which is YAML too); `value` is JSON text, or else
+        // a plain string.
+        let op = |op: &str, path: &str, value: &str| -> String {
+            let value: serde_json::Value = serde_json::from_str(value)
+                .unwrap_or_else(|_| serde_json::Value::String(value.to_owned()));
+            format!(
+                "      - {}\n",
+                serde_json::json!({"op": op, "path": path, "value": value})
+            )
+        };
+        let add = |path: &str, value: &str| op("add", path, value);
+        let replace = |path: &str, value: &str| op("replace", path, value);
+        let mut operator = String::new();
+        operator += &replace("/spec/replicas", "1");
+        operator += &add("/spec/template/spec/nodeName", &self.name);
+        operator += &add("/spec/template/spec/hostNetwork", "true");
+        operator += &add("/spec/template/spec/volumes/-", TOKEN_VOLUME);
+        operator += &add("/spec/template/spec/containers/0/imagePullPolicy", "Never");
+        operator += &add(
+            "/spec/template/spec/containers/0/volumeMounts/-",
+            TOKEN_MOUNT,
+        );
+        for var in serde_json::from_str::<Vec<serde_json::Value>>(&env)? {
+            operator += &add("/spec/template/spec/containers/0/env/-", &var.to_string());
+        }
+        let layer_args = serde_json::json!([
+            "serve",
+            "--backend=simulated",
+            format!("--profile={PROFILE}"),
+            format!("--socket={gpu}/resource-layer.sock"),
+            "--state-file=/var/lib/runtimekit/resource-layer/state.json",
+            format!("--device-dir={gpu}/devices"),
+        ]);
+        let mut agent = String::new();
+        agent += &add("/spec/template/spec/nodeName", &self.name);
+        agent += &add("/spec/template/spec/hostNetwork", "true");
+        agent += &add("/spec/template/spec/volumes/-", TOKEN_VOLUME);
+        agent += &replace(
+            "/spec/template/spec/volumes/1/hostPath/path",
+            &format!("\"{pod_resources}\""),
+        );
+        agent += &replace(
+            "/spec/template/spec/volumes/2/hostPath/path",
+            &format!("\"{gpu}\""),
+        );
+        agent += &replace(
+            "/spec/template/spec/volumes/3/hostPath/path",
+            &format!("\"{gpu}/deployed\""),
+        );
+        agent += &add("/spec/template/spec/containers/0/imagePullPolicy", "Never");
+        agent += &replace(
+            "/spec/template/spec/containers/0/args",
+            &layer_args.to_string(),
+        );
+        agent += &replace(
+            "/spec/template/spec/containers/0/volumeMounts/0/mountPath",
+            &format!("\"{gpu}\""),
+        );
+        agent += &add("/spec/template/spec/containers/1/imagePullPolicy", "Never");
+        agent += &replace(
+            "/spec/template/spec/containers/1/args/1",
+            &format!("\"--resource-layer-socket={gpu}/resource-layer.sock\""),
+        );
+        agent += &replace(
+            "/spec/template/spec/containers/1/volumeMounts/2/mountPath",
+            &format!("\"{gpu}\""),
+        );
+        agent += &add(
+            "/spec/template/spec/containers/1/volumeMounts/-",
+            TOKEN_MOUNT,
+        );
+        for var in serde_json::from_str::<Vec<serde_json::Value>>(&env)? {
+            agent += &add("/spec/template/spec/containers/1/env/-", &var.to_string());
+        }
+        let image = |name: &str, local: &str| {
+            format!(
+                "  - name: {name}\n    newName: docker.io/local/{local}\n    newTag: {version}\n"
+            )
+        };
+        let text = format!(
+            "# Written by the e2e harness: config/ as a user deploys it, with only what this local\n# cluster needs (see RealNode::write_overlay).\napiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {config}\nimages:\n{op_image}{agent_image}patches:\n  - target: {{kind: Deployment, name: runtimekit-operator}}\n    patch: |\n{operator}  - target: {{kind: DaemonSet, name: runtimekit-node-agent}}\n    patch: |\n{agent}",
+            config = relative.display(),
+            op_image = image("lj-runtimekit/operator", "runtimekit-operator"),
+            agent_image = image("lj-runtimekit/node-agent", "runtimekit-node-agent"),
+        );
+        std::fs::write(overlay.join("kustomization.yaml"), text)?;
+        Ok(overlay)
+    }
+}

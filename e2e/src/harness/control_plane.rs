@@ -110,6 +110,25 @@ impl TestContext {
         .await
     }
 
+    /// Stops the real node's resource layer and node agent processes for good, so that the ones
+    /// deployed from config/ take their place.
+    pub fn stop_real_node_gpu_side(&self) -> Result<()> {
+        for component in ["node-agent", "resource-layer"] {
+            self.with_cluster(|cluster| cluster.stop_component(component).map(|_| ()))?;
+        }
+        Ok(())
+    }
+
+    /// The apiserver's port on 127.0.0.1.
+    pub fn apiserver_port(&self) -> Result<u16> {
+        let server = self.with_cluster(|cluster| Ok(cluster.server.clone()))?;
+        server
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .context("the apiserver's URL has no port")
+    }
+
     /// A client that authenticates as `user` in `groups` with a client certificate.
     pub async fn client_for(&self, user: &str, groups: &[&str]) -> Result<Client> {
         let path = self.kubeconfig_for(user, groups)?;

@@ -29,6 +29,8 @@ pub const TESTS: &[Test] = tests![
     real_node_kubelet_restart_leaves_running_pods_and_serves_new_ones,
     real_node_deleted_mig_pod_gives_back_its_instance,
     real_node_runs_the_product_images,
+    // Last: it replaces the node's resource layer and agent processes with config/'s pods.
+    real_node_runs_config_as_a_user_deploys_it,
 ];
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -522,8 +524,9 @@ async fn instance_keys(node: &RealNode) -> Result<BTreeSet<String>> {
 /// The operator's and the node agent's images, built by the project's script from release
 /// binaries and imported into the node's containerd, run their binaries: the operator's as the
 /// non-root user on an empty base, the resource layer's with the glibc its image ships.
-async fn real_node_runs_the_product_images(ctx: TestContext) -> Result<()> {
-    let node = ctx.real_node().await?;
+/// Builds the product images with the project's script and imports them into the node's
+/// containerd; returns their references.
+async fn import_product_images(node: &RealNode) -> Result<Vec<String>> {
     let script = runtimekit_e2e::tools::repo_root().join("e2e/scripts/build-images.sh");
     let built = tokio::task::spawn_blocking(move || {
         let mut command = std::process::Command::new(script);
@@ -541,6 +544,12 @@ async fn real_node_runs_the_product_images(ctx: TestContext) -> Result<()> {
         node.import(reference, std::path::Path::new(tar))?;
         references.push(reference.to_owned());
     }
+    Ok(references)
+}
+
+async fn real_node_runs_the_product_images(ctx: TestContext) -> Result<()> {
+    let node = ctx.real_node().await?;
+    let references = import_product_images(&node).await?;
     let image = |name: &str| {
         references
             .iter()
@@ -593,5 +602,113 @@ async fn real_node_runs_the_product_images(ctx: TestContext) -> Result<()> {
         String::from_utf8_lossy(&config.stdout).contains("\"User\":\"65532:65532\""),
         "the operator's image config names user 65532"
     );
+    Ok(())
+}
+
+/// config/ deployed with `kubectl apply -k` of the local overlay, as a user deploys it: the
+/// operator Deployment and the node-agent DaemonSet run as pods on the real node (from the
+/// images built here), the agent in its pod serves the kubelet every resource, and the usage
+/// guide's TDM pod is placed by the deployed operator and sees its allocation.
+async fn real_node_runs_config_as_a_user_deploys_it(ctx: TestContext) -> Result<()> {
+    let node = ctx.real_node().await?;
+    let references = import_product_images(&node).await?;
+    let version = references
+        .first()
+        .and_then(|r| r.rsplit(':').next())
+        .context("an image tag")?
+        .to_owned();
+    ctx.stop_real_node_gpu_side()?;
+    let overlay = node.write_overlay(ctx.apiserver_port()?, &version)?;
+    ctx.kubectl_ok(
+        &[
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "-n",
+            "runtimekit-system",
+            "-k",
+            &overlay.display().to_string(),
+        ],
+        None,
+    )?;
+    let system = || kube::Api::<Pod>::namespaced(ctx.client.clone(), "runtimekit-system");
+    let ready = |pod: &Pod| {
+        pod.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+    };
+    ctx.wait_for(
+        "the operator and node-agent pods to be Ready",
+        Duration::from_secs(120),
+        || async {
+            let pods = system().list(&Default::default()).await?.items;
+            let names: Vec<String> = pods
+                .iter()
+                .filter(|p| ready(p))
+                .map(|p| p.name_any())
+                .collect();
+            let both = names.iter().any(|n| n.starts_with("runtimekit-operator-"))
+                && names
+                    .iter()
+                    .any(|n| n.starts_with("runtimekit-node-agent-"));
+            Ok(both.then_some(()))
+        },
+    )
+    .await
+    .map_err(|e| {
+        let shown = ctx
+            .kubectl(&["describe", "pods", "-n", "runtimekit-system"], None)
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        e.context(shown)
+    })?;
+    ctx.wait_for("the deployed agent's device plugins", WAIT, || async {
+        Ok(allocatable_cards(&node).await.ok().filter(|n| *n > 0))
+    })
+    .await?;
+    let described = ctx.kubectl_ok(&["describe", "node", &node.name], None)?;
+    for resource in [
+        "aliyun.com/gpu:",
+        "nvidia.com/gpu:",
+        "aliyun.com/gpu-core:",
+        "aliyun.com/gpu-memory:",
+        "aliyun.com/gpu-slice:",
+        "aliyun.com/rdma:",
+    ] {
+        ensure!(
+            described.matches(resource).count() >= 2,
+            "{resource} in capacity and allocatable"
+        );
+    }
+    // The deployed operator runs as the non-root user of its manifest.
+    let operator = std::fs::read_dir("/proc")?
+        .filter_map(Result::ok)
+        .find(|e| {
+            std::fs::read(e.path().join("cmdline"))
+                .is_ok_and(|c| c.starts_with(b"/usr/local/bin/runtimekit-operator\0run\0"))
+        })
+        .context("the deployed operator's process")?;
+    let status = std::fs::read_to_string(operator.path().join("status"))?;
+    ensure!(
+        status
+            .lines()
+            .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("65532")),
+        "the operator runs as 65532"
+    );
+    let pod = example(
+        "3.2-tdm.yaml",
+        "deployed-tdm",
+        &node.name,
+        &format!("{SHOW}; sleep 2"),
+    )?;
+    let object: Pod = serde_json::from_value(pod)?;
+    ctx.api::<Pod>()
+        .create(&PostParams::default(), &object)
+        .await?;
+    let running = wait_phase(&ctx, "deployed-tdm", "Running").await?;
+    wait_phase(&ctx, "deployed-tdm", "Succeeded").await?;
+    let log = ctx.kubectl_ok(&["logs", "deployed-tdm"], None)?;
+    exactly(&[], &running, &Seen::read(&log)).with_context(|| log.clone())?;
     Ok(())
 }
