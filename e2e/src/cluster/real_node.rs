@@ -15,6 +15,7 @@ use crate::workspace_binary::workspace_binary;
 use anyhow::{Context, Result, bail};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
+use serde_json::{Value, json};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -50,8 +51,6 @@ pub struct RealNode {
     pub healthz_port: u16,
     /// The resource layer's socket.
     pub layer_socket: PathBuf,
-    /// Where the resource layer's stand-in device files live (`/dev` inside containers).
-    pub device_root: PathBuf,
 }
 
 /// What the node's processes need from the host, with how to get it.
@@ -144,7 +143,6 @@ impl Cluster {
             ],
         )?;
         wait_for_socket(&layer_socket)?;
-        let device_root = gpu.join("devices/dev");
         let runtime_config = dir.join("lj-runtime.json");
         std::fs::write(
             &runtime_config,
@@ -197,7 +195,6 @@ impl Cluster {
             pod_logs: dir.join("pod-logs"),
             healthz_port: free_port()?,
             layer_socket: layer_socket.clone(),
-            device_root,
         };
         node.wait_for_containerd()?;
         for (reference, tar) in &images {
@@ -334,15 +331,20 @@ impl RealNode {
         Ok(())
     }
 
+    /// Whether the kubelet answers its health check.
+    pub fn kubelet_healthy(&self) -> bool {
+        let healthz = std::net::SocketAddr::from(([127, 0, 0, 1], self.healthz_port));
+        crate::tools::http_get(healthz, "/healthz")
+            .is_ok_and(|r| r.starts_with("HTTP/1.1 200") || r.starts_with("HTTP/1.0 200"))
+    }
+
     /// Waits until the kubelet is healthy, gives the Node its address and removes the taint a
     /// cloud controller would, then waits until the Node is Ready.
     pub async fn wait_ready(&self, client: &kube::Client) -> Result<()> {
         let nodes: Api<Node> = Api::all(client.clone());
         let deadline = Instant::now() + READY_TIMEOUT;
-        let healthz = std::net::SocketAddr::from(([127, 0, 0, 1], self.healthz_port));
         loop {
-            let healthy = crate::tools::http_get(healthz, "/healthz")
-                .is_ok_and(|r| r.starts_with("HTTP/1.1 200") || r.starts_with("HTTP/1.0 200"));
+            let healthy = self.kubelet_healthy();
             if let Some(node) = nodes.get_opt(&self.name).await?.filter(|_| healthy) {
                 let addressed = addresses(&node) == ["127.0.0.1"];
                 if !addressed {
@@ -632,83 +634,105 @@ impl RealNode {
             .display()
             .to_string();
         let pod_resources = self.dir.join("kubelet/pod-resources").display().to_string();
-        let env = format!(
-            r#"[{{"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"}}, {{"name": "KUBERNETES_SERVICE_PORT", "value": "{apiserver_port}"}}]"#
-        );
-        // Each operation as one line of JSON (which is YAML too); `value` is JSON text, or else
-        // a plain string.
-        let op = |op: &str, path: &str, value: &str| -> String {
-            let value: serde_json::Value = serde_json::from_str(value)
-                .unwrap_or_else(|_| serde_json::Value::String(value.to_owned()));
-            format!(
-                "      - {}\n",
-                serde_json::json!({"op": op, "path": path, "value": value})
+        let env = [
+            json!({"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"}),
+            json!({"name": "KUBERNETES_SERVICE_PORT", "value": apiserver_port.to_string()}),
+        ];
+        let token_volume: Value = serde_json::from_str(TOKEN_VOLUME)?;
+        let token_mount: Value = serde_json::from_str(TOKEN_MOUNT)?;
+        // What both pods need on this cluster; `container` is the one that talks to the apiserver.
+        let common = |container: usize| {
+            let spec = "/spec/template/spec";
+            let mut ops = vec![
+                ("add", format!("{spec}/nodeName"), json!(self.name)),
+                ("add", format!("{spec}/hostNetwork"), json!(true)),
+                ("add", format!("{spec}/volumes/-"), token_volume.clone()),
+                (
+                    "add",
+                    format!("{spec}/containers/{container}/volumeMounts/-"),
+                    token_mount.clone(),
+                ),
+            ];
+            for var in &env {
+                ops.push((
+                    "add",
+                    format!("{spec}/containers/{container}/env/-"),
+                    var.clone(),
+                ));
+            }
+            ops
+        };
+        let never = |container: usize| {
+            (
+                "add",
+                format!("/spec/template/spec/containers/{container}/imagePullPolicy"),
+                json!("Never"),
             )
         };
-        let add = |path: &str, value: &str| op("add", path, value);
-        let replace = |path: &str, value: &str| op("replace", path, value);
-        let mut operator = String::new();
-        operator += &replace("/spec/replicas", "1");
-        operator += &add("/spec/template/spec/nodeName", &self.name);
-        operator += &add("/spec/template/spec/hostNetwork", "true");
-        operator += &add("/spec/template/spec/volumes/-", TOKEN_VOLUME);
-        operator += &add("/spec/template/spec/containers/0/imagePullPolicy", "Never");
-        operator += &add(
-            "/spec/template/spec/containers/0/volumeMounts/-",
-            TOKEN_MOUNT,
-        );
-        for var in serde_json::from_str::<Vec<serde_json::Value>>(&env)? {
-            operator += &add("/spec/template/spec/containers/0/env/-", &var.to_string());
-        }
-        let layer_args = serde_json::json!([
-            "serve",
-            "--backend=simulated",
-            format!("--profile={PROFILE}"),
-            format!("--socket={gpu}/resource-layer.sock"),
-            "--state-file=/var/lib/runtimekit/resource-layer/state.json",
-            format!("--device-dir={gpu}/devices"),
+        let mut operator = common(0);
+        operator.push(("replace", "/spec/replicas".into(), json!(1)));
+        operator.push(never(0));
+        // Indexes are config/node-agent/daemonset.yaml's: volumes pod-resources (1),
+        // resource-layer-socket (2) and state (3); containers resource-layer (0) and node-agent (1).
+        let mut agent = common(1);
+        agent.extend([
+            never(0),
+            never(1),
+            (
+                "replace",
+                "/spec/template/spec/volumes/1/hostPath/path".into(),
+                json!(pod_resources),
+            ),
+            (
+                "replace",
+                "/spec/template/spec/volumes/2/hostPath/path".into(),
+                json!(gpu),
+            ),
+            (
+                "replace",
+                "/spec/template/spec/volumes/3/hostPath/path".into(),
+                json!(format!("{gpu}/deployed")),
+            ),
+            (
+                "replace",
+                "/spec/template/spec/containers/0/args".into(),
+                json!([
+                    "serve",
+                    "--backend=simulated",
+                    format!("--profile={PROFILE}"),
+                    format!("--socket={gpu}/resource-layer.sock"),
+                    "--state-file=/var/lib/runtimekit/resource-layer/state.json",
+                    format!("--device-dir={gpu}/devices"),
+                ]),
+            ),
+            (
+                "replace",
+                "/spec/template/spec/containers/0/volumeMounts/0/mountPath".into(),
+                json!(gpu),
+            ),
+            (
+                "replace",
+                "/spec/template/spec/containers/1/args/1".into(),
+                json!(format!("--resource-layer-socket={gpu}/resource-layer.sock")),
+            ),
+            (
+                "replace",
+                "/spec/template/spec/containers/1/volumeMounts/2/mountPath".into(),
+                json!(gpu),
+            ),
         ]);
-        let mut agent = String::new();
-        agent += &add("/spec/template/spec/nodeName", &self.name);
-        agent += &add("/spec/template/spec/hostNetwork", "true");
-        agent += &add("/spec/template/spec/volumes/-", TOKEN_VOLUME);
-        agent += &replace(
-            "/spec/template/spec/volumes/1/hostPath/path",
-            &format!("\"{pod_resources}\""),
-        );
-        agent += &replace(
-            "/spec/template/spec/volumes/2/hostPath/path",
-            &format!("\"{gpu}\""),
-        );
-        agent += &replace(
-            "/spec/template/spec/volumes/3/hostPath/path",
-            &format!("\"{gpu}/deployed\""),
-        );
-        agent += &add("/spec/template/spec/containers/0/imagePullPolicy", "Never");
-        agent += &replace(
-            "/spec/template/spec/containers/0/args",
-            &layer_args.to_string(),
-        );
-        agent += &replace(
-            "/spec/template/spec/containers/0/volumeMounts/0/mountPath",
-            &format!("\"{gpu}\""),
-        );
-        agent += &add("/spec/template/spec/containers/1/imagePullPolicy", "Never");
-        agent += &replace(
-            "/spec/template/spec/containers/1/args/1",
-            &format!("\"--resource-layer-socket={gpu}/resource-layer.sock\""),
-        );
-        agent += &replace(
-            "/spec/template/spec/containers/1/volumeMounts/2/mountPath",
-            &format!("\"{gpu}\""),
-        );
-        agent += &add(
-            "/spec/template/spec/containers/1/volumeMounts/-",
-            TOKEN_MOUNT,
-        );
-        for var in serde_json::from_str::<Vec<serde_json::Value>>(&env)? {
-            agent += &add("/spec/template/spec/containers/1/env/-", &var.to_string());
-        }
+        // Each operation as one line of JSON, which is YAML too.
+        let lines = |ops: Vec<(&str, String, Value)>| -> String {
+            ops.into_iter()
+                .map(|(op, path, value)| {
+                    format!(
+                        "      - {}\n",
+                        json!({"op": op, "path": path, "value": value})
+                    )
+                })
+                .collect()
+        };
+        let (operator, agent) = (lines(operator), lines(agent));
         let image = |name: &str, local: &str| {
             format!(
                 "  - name: {name}\n    newName: docker.io/local/{local}\n    newTag: {version}\n"

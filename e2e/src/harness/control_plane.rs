@@ -98,14 +98,10 @@ impl TestContext {
     pub async fn restart_real_kubelet(&self, node: &RealNode) -> Result<()> {
         let stopped = self.with_cluster(|cluster| cluster.stop_component("kubelet"))?;
         self.with_cluster(|cluster| cluster.start_again(stopped))?;
-        let healthz = std::net::SocketAddr::from(([127, 0, 0, 1], node.healthz_port));
         self.wait_for(
             "the kubelet to be healthy again",
             Duration::from_secs(60),
-            || async {
-                let answer = crate::tools::http_get(healthz, "/healthz").unwrap_or_default();
-                Ok(answer.contains(" 200 ").then_some(()))
-            },
+            || async { Ok(node.kubelet_healthy().then_some(())) },
         )
         .await
     }

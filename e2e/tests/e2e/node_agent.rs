@@ -596,7 +596,13 @@ async fn node_agent_reports_its_node(ctx: TestContext) -> Result<()> {
             .all(|r| r != "aliyun.com/gpu-memory"),
         "no memory device plugin in MiB mode"
     );
-    let described = ctx.kubectl_ok(&["describe", "node", &h800.name], None)?;
+    shows_every_resource(&ctx, &h800.name)
+}
+
+/// Checks that `kubectl describe node` shows every resource of the spec in the node's capacity
+/// and allocatable.
+pub(crate) fn shows_every_resource(ctx: &TestContext, node: &str) -> Result<()> {
+    let described = ctx.kubectl_ok(&["describe", "node", node], None)?;
     for resource in [
         "aliyun.com/gpu:",
         "nvidia.com/gpu:",

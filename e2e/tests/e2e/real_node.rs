@@ -6,6 +6,7 @@
 //! The node stays for the rest of the run once started, so these tests run last: no other
 //! test sees its cards.
 
+use crate::node_agent::shows_every_resource;
 use crate::operator::with_operator;
 use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -36,7 +37,7 @@ pub const TESTS: &[Test] = tests![
 const WAIT: Duration = Duration::from_secs(60);
 
 /// A busybox pod on the real node, running `script`.
-pub(crate) fn busybox_pod(name: &str, node: &str, script: &str) -> Result<Pod> {
+fn busybox_pod(name: &str, node: &str, script: &str) -> Result<Pod> {
     Ok(serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
         "spec": {
@@ -49,7 +50,7 @@ pub(crate) fn busybox_pod(name: &str, node: &str, script: &str) -> Result<Pod> {
 }
 
 /// Waits until pod `name` is in `phase`.
-pub(crate) async fn wait_phase(ctx: &TestContext, name: &str, phase: &str) -> Result<Pod> {
+async fn wait_phase(ctx: &TestContext, name: &str, phase: &str) -> Result<Pod> {
     let pods = ctx.api::<Pod>();
     ctx.wait_for(&format!("pod {name} {phase}"), WAIT, || async {
         let pod = pods.get(name).await?;
@@ -227,7 +228,7 @@ fn allocation(pod: &Pod) -> Result<Allocation> {
 }
 
 /// Checks that `seen` is exactly what `pod`'s allocation gives its one container.
-fn exactly(ctx_slices: &[GpuSlice], pod: &Pod, seen: &Seen) -> Result<()> {
+fn exactly(slices: &[GpuSlice], pod: &Pod, seen: &Seen) -> Result<()> {
     let allocation = allocation(pod)?;
     let part = allocation
         .containers
@@ -247,7 +248,7 @@ fn exactly(ctx_slices: &[GpuSlice], pod: &Pod, seen: &Seen) -> Result<()> {
     let mut visible = Vec::new();
     for card in &part.cards {
         if card.mode == "MIG" {
-            let slice = ctx_slices
+            let slice = slices
                 .iter()
                 .find(|s| s.name_any() == card.slice)
                 .context("the MIG card's slice")?;
@@ -667,20 +668,7 @@ async fn real_node_runs_config_as_a_user_deploys_it(ctx: TestContext) -> Result<
         Ok(allocatable_cards(&node).await.ok().filter(|n| *n > 0))
     })
     .await?;
-    let described = ctx.kubectl_ok(&["describe", "node", &node.name], None)?;
-    for resource in [
-        "aliyun.com/gpu:",
-        "nvidia.com/gpu:",
-        "aliyun.com/gpu-core:",
-        "aliyun.com/gpu-memory:",
-        "aliyun.com/gpu-slice:",
-        "aliyun.com/rdma:",
-    ] {
-        ensure!(
-            described.matches(resource).count() >= 2,
-            "{resource} in capacity and allocatable"
-        );
-    }
+    shows_every_resource(&ctx, &node.name)?;
     // The deployed operator runs as the non-root user of its manifest.
     let operator = std::fs::read_dir("/proc")?
         .filter_map(Result::ok)
