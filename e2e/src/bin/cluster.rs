@@ -59,9 +59,16 @@ async fn main() -> ExitCode {
                 })
                 .await?;
                 if let Some(name) = real_node {
+                    let plane = started.elapsed();
                     let node = cluster.start_real_node(&name)?;
+                    let processes = started.elapsed();
                     node.wait_ready(&cluster.client().await?).await?;
-                    println!("real node {name} is Ready");
+                    println!(
+                        "real node {name} is Ready: control plane {:.1} s, node processes {:.1} s, Ready {:.1} s later",
+                        plane.as_secs_f64(),
+                        (processes - plane).as_secs_f64(),
+                        (started.elapsed() - processes).as_secs_f64(),
+                    );
                 }
                 anyhow::Ok(cluster)
             };

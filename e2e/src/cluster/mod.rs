@@ -64,7 +64,7 @@ struct Component {
 pub struct StoppedComponent {
     name: &'static str,
     program: PathBuf,
-    args: Vec<String>,
+    pub(crate) args: Vec<String>,
     env: Vec<(String, String)>,
     index: usize,
 }

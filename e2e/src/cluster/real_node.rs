@@ -129,19 +129,8 @@ impl Cluster {
         let gpu = dir.join("gpu");
         let layer_socket = gpu.join("resource-layer.sock");
         let layer = workspace_binary("runtimekit-resource-layer", "runtimekit-resource-layer")?;
-        self.spawn(
-            "resource-layer",
-            &layer,
-            &[
-                "serve".into(),
-                "--backend=simulated".into(),
-                format!("--profile={PROFILE}"),
-                format!("--node-name={name}"),
-                format!("--socket={}", layer_socket.display()),
-                format!("--state-file={}", gpu.join("instances.json").display()),
-                format!("--device-dir={}", gpu.join("devices").display()),
-            ],
-        )?;
+        std::fs::create_dir_all(gpu.join(PROFILE))?;
+        self.spawn("resource-layer", &layer, &layer_args(name, &gpu, PROFILE))?;
         wait_for_socket(&layer_socket)?;
         let runtime_config = dir.join("lj-runtime.json");
         std::fs::write(
@@ -237,23 +226,58 @@ impl Cluster {
         )?;
         self.install_node_config()?;
         let agent = workspace_binary("runtimekit-node-agent", "runtimekit-node-agent")?;
-        self.spawn(
-            "node-agent",
-            &agent,
-            &[
-                format!("--node-name={name}"),
-                format!("--kubeconfig={}", agent_kubeconfig.display()),
-                format!("--resource-layer-socket={}", layer_socket.display()),
-                format!("--state-dir={}", gpu.join("agent").display()),
-                format!("--kubelet-dir={DEVICE_PLUGINS}"),
-                format!(
-                    "--pod-resources-socket={}",
-                    dir.join("kubelet/pod-resources/kubelet.sock").display()
-                ),
-            ],
-        )?;
+        self.spawn("node-agent", &agent, &agent_args(name, &dir, PROFILE))?;
         Ok(node)
     }
+
+    /// Restarts the real node's resource layer and node agent simulating `profile` instead, as
+    /// if the node's cards had been swapped. Each profile keeps its own device stand-ins and
+    /// state; the socket and the kubelet stay.
+    pub fn switch_real_node_profile(&mut self, node: &RealNode, profile: &str) -> Result<()> {
+        let gpu = node.dir.join("gpu");
+        std::fs::create_dir_all(gpu.join(profile))?;
+        let mut agent = self.stop_component("node-agent")?;
+        let mut layer = self.stop_component("resource-layer")?;
+        layer.args = layer_args(&node.name, &gpu, profile);
+        agent.args = agent_args(&node.name, &node.dir, profile);
+        self.start_again(layer)?;
+        wait_for_socket(&node.layer_socket)?;
+        self.start_again(agent)
+    }
+}
+
+/// The simulated resource layer's arguments for `profile`, on the node's socket, with the
+/// profile's own stand-in devices and instance state.
+fn layer_args(node: &str, gpu: &Path, profile: &str) -> Vec<String> {
+    let own = gpu.join(profile);
+    vec![
+        "serve".into(),
+        "--backend=simulated".into(),
+        format!("--profile={profile}"),
+        format!("--node-name={node}"),
+        format!("--socket={}", gpu.join("resource-layer.sock").display()),
+        format!("--state-file={}", own.join("instances.json").display()),
+        format!("--device-dir={}", own.join("devices").display()),
+    ]
+}
+
+/// The node agent's arguments, with a state folder of `profile`'s own.
+fn agent_args(node: &str, dir: &Path, profile: &str) -> Vec<String> {
+    let gpu = dir.join("gpu");
+    vec![
+        format!("--node-name={node}"),
+        format!("--kubeconfig={}", gpu.join("agent.kubeconfig").display()),
+        format!(
+            "--resource-layer-socket={}",
+            gpu.join("resource-layer.sock").display()
+        ),
+        format!("--state-dir={}", gpu.join(profile).join("agent").display()),
+        format!("--kubelet-dir={DEVICE_PLUGINS}"),
+        format!(
+            "--pod-resources-socket={}",
+            dir.join("kubelet/pod-resources/kubelet.sock").display()
+        ),
+    ]
 }
 
 impl Cluster {
@@ -525,6 +549,9 @@ maxOpenFiles: 20000
 makeIPTablesUtilChains: false
 imageGCHighThresholdPercent: 100
 evictionHard: {{nodefs.available: "0%", nodefs.inodesFree: "0%", imagefs.available: "0%"}}
+# Device plugins' resources reach capacity at the next status computation (10 s by default);
+# only changes are posted, the Lease being the heartbeat.
+nodeStatusUpdateFrequency: 2s
 podLogsDir: {logs}
 volumePluginDir: {plugins}
 "#,

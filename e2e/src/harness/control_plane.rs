@@ -115,6 +115,12 @@ impl TestContext {
         Ok(())
     }
 
+    /// Restarts the real node's resource layer and node agent simulating `profile` (see
+    /// [`Cluster::switch_real_node_profile`]).
+    pub fn switch_real_node_profile(&self, node: &RealNode, profile: &str) -> Result<()> {
+        self.with_cluster(|cluster| cluster.switch_real_node_profile(node, profile))
+    }
+
     /// The apiserver's port on 127.0.0.1.
     pub fn apiserver_port(&self) -> Result<u16> {
         let server = self.with_cluster(|cluster| Ok(cluster.server.clone()))?;

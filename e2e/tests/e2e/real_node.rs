@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::ResourceExt;
 use kube::api::{DeleteParams, PostParams};
 use runtimekit_contract::allocation::Allocation;
-use runtimekit_crds::GpuSlice;
+use runtimekit_crds::{GpuSlice, TopologyGroup};
 use runtimekit_e2e::harness::Test;
 use runtimekit_e2e::real_node::{ENABLE_LABEL, RealNode};
 use runtimekit_e2e::{TestContext, tests};
@@ -30,6 +30,8 @@ pub const TESTS: &[Test] = tests![
     real_node_kubelet_restart_leaves_running_pods_and_serves_new_ones,
     real_node_deleted_mig_pod_gives_back_its_instance,
     real_node_runs_the_product_images,
+    // It swaps the node's cards for PPU M890P ones.
+    real_node_ppu_m890p_four_cards_with_rdma,
     // Last: it replaces the node's resource layer and agent processes with config/'s pods.
     real_node_runs_config_as_a_user_deploys_it,
 ];
@@ -326,11 +328,47 @@ async fn real_node_usage_guide_pods_see_exactly_their_allocation(ctx: TestContex
             exactly(&slices, &running, &Seen::read(&log))
                 .with_context(|| format!("{seed}:\n{log}"))?;
         }
-        // The usage guide's RDMA example (on this node's H800 cards rather than PPU M890P).
+        Ok(())
+    })
+    .await
+}
+
+/// The usage guide's PPU M890P example (4 cards + RDMA, host network) on the real node with its
+/// cards swapped for eight M890P on four PCIe switches, one NIC each: the container sees four
+/// cards under two switches and exactly those switches' NICs.
+async fn real_node_ppu_m890p_four_cards_with_rdma(ctx: TestContext) -> Result<()> {
+    const M890P: &str = "ppu-m890p-8";
+    let node = ctx.real_node().await?;
+    ctx.switch_real_node_profile(&node, M890P)?;
+    let uuids: BTreeSet<String> = ctx
+        .wait_for("the node's cards to be M890P", WAIT, || async {
+            let group = ctx.cluster_api::<TopologyGroup>().get(&node.name).await?;
+            let status = group.status.unwrap_or_default();
+            let swapped = status.cards.len() == 8
+                && status.cards.iter().all(|c| c.model == "PPU-M890P")
+                && status.nics.len() == 4;
+            Ok(swapped.then(|| status.cards.into_iter().map(|c| c.uuid).collect()))
+        })
+        .await?;
+    ctx.wait_for("the kubelet to offer the M890P cards", WAIT, || async {
+        let offered = allocatable_ids(&node, "aliyun.com/gpu").await.ok();
+        Ok(offered.filter(|ids| *ids == uuids).map(|_| ()))
+    })
+    .await?;
+    with_operator(ctx, |ctx| async move {
         let rdma = example("4.1-ppu-m890p-rdma.yaml", "rdma", &node.name, SHOW)?;
+        ensure!(rdma["spec"]["hostNetwork"] == json!(true), "{rdma}");
         let (pod, seen) = run(&ctx, rdma).await?;
         exactly(&[], &pod, &seen)?;
-        let nics = &allocation(&pod)?.containers[0].nics;
+        let part = &allocation(&pod)?.containers[0];
+        // Cards 2k and 2k+1 and NIC mlx5_k share PCIe switch k.
+        let switches: BTreeSet<u32> = part.cards.iter().map(|c| c.index / 2).collect();
+        ensure!(
+            part.cards.len() == 4 && switches.len() == 2,
+            "four cards under two PCIe switches: {part:?}"
+        );
+        let nics: Vec<String> = switches.iter().map(|k| format!("mlx5_{k}")).collect();
+        ensure!(part.nics == nics, "the switches' NICs: {part:?}");
         ensure!(
             seen.ib.contains("rdma_cm")
                 && seen.ib.iter().filter(|f| f.starts_with("uverbs")).count() == nics.len(),
@@ -493,8 +531,13 @@ async fn real_node_deleted_mig_pod_gives_back_its_instance(ctx: TestContext) -> 
     .await
 }
 
-/// How many whole cards the real kubelet can give now (its registered device plugins' devices).
+/// How many NVIDIA cards the real kubelet can give now (its registered device plugins' devices).
 async fn allocatable_cards(node: &RealNode) -> Result<usize> {
+    Ok(allocatable_ids(node, "nvidia.com/gpu").await?.len())
+}
+
+/// The device IDs the kubelet offers for `resource`, from its pod-resources API.
+async fn allocatable_ids(node: &RealNode, resource: &str) -> Result<BTreeSet<String>> {
     use runtimekit_proto::podresources::v1 as pr;
     let socket = node.dir.join("kubelet/pod-resources/kubelet.sock");
     let channel = runtimekit_resource_layer::connect(&socket).await?;
@@ -505,10 +548,10 @@ async fn allocatable_cards(node: &RealNode) -> Result<usize> {
         .into_inner();
     Ok(answer
         .devices
-        .iter()
-        .filter(|d| d.resource_name == "nvidia.com/gpu")
-        .map(|d| d.device_ids.len())
-        .sum())
+        .into_iter()
+        .filter(|d| d.resource_name == resource)
+        .flat_map(|d| d.device_ids)
+        .collect())
 }
 
 /// The keys of the instances the real node's resource layer holds.
