@@ -107,6 +107,7 @@ pub(crate) fn four_cards() -> NodeState {
         pb::ListDevicesResponse {
             control_nodes: Vec::new(),
             device_root: String::new(),
+            errors: Vec::new(),
             devices,
             nics: vec![pb::Nic {
                 name: "mlx5_0".into(),

@@ -217,6 +217,9 @@ impl InventoryRefresher {
         match client.list_devices(request).await {
             Ok(response) => {
                 let response = response.into_inner();
+                for error in &response.errors {
+                    tracing::warn!(card = error.device_index, reason = %error.reason, "{}", error.message);
+                }
                 self.state.send_if_modified(|state| {
                     let mut inventory = state.inventory.clone().unwrap_or_default();
                     inventory.merge(response, &listed);

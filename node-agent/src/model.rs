@@ -37,17 +37,25 @@ impl Inventory {
         }
         for device in response.devices {
             let merged = match self.devices.get(&device.index) {
-                Some(old) if device.state() == pb::DeviceState::Lost => pb::Device {
-                    state: device.state,
-                    healthy: device.healthy,
-                    faults: device.faults,
-                    uuid: if device.uuid.is_empty() {
-                        old.uuid.clone()
-                    } else {
-                        device.uuid
-                    },
-                    ..old.clone()
-                },
+                // Nothing (lost) or not everything (partial) was read: keep what was known.
+                Some(old)
+                    if matches!(
+                        device.state(),
+                        pb::DeviceState::Lost | pb::DeviceState::Partial
+                    ) =>
+                {
+                    pb::Device {
+                        state: device.state,
+                        healthy: device.healthy,
+                        faults: device.faults,
+                        uuid: if device.uuid.is_empty() {
+                            old.uuid.clone()
+                        } else {
+                            device.uuid
+                        },
+                        ..old.clone()
+                    }
+                }
                 _ => device,
             };
             self.devices.insert(merged.index, merged);
@@ -222,9 +230,11 @@ pub struct NodeState {
 }
 
 impl NodeState {
-    /// Whether a card is healthy: listed, not lost, and without a critical fault.
+    /// Whether a card is healthy: listed, not lost, known (a card never read in full is not),
+    /// and without a critical fault.
     pub fn healthy(&self, device: &pb::Device) -> bool {
         device.state() != pb::DeviceState::Lost
+            && !(device.state() == pb::DeviceState::Partial && device.model.is_empty())
             && device.healthy
             && self.faults.healthy(device.index)
     }
@@ -299,6 +309,7 @@ mod tests {
             pb::ListDevicesResponse {
                 control_nodes: Vec::new(),
                 device_root: String::new(),
+                errors: Vec::new(),
                 devices: vec![
                     device(0, pb::DeviceState::Ok, "H800"),
                     device(1, pb::DeviceState::Ok, "H800"),
@@ -344,5 +355,45 @@ mod tests {
         );
         assert_eq!(inventory.devices.len(), 1);
         assert!(inventory.paths.is_empty());
+    }
+
+    #[test]
+    fn a_card_read_in_part_keeps_its_known_instances_and_an_unknown_one_is_unhealthy() {
+        let mut known = device(0, pb::DeviceState::Ok, "H800");
+        known.instances = vec![pb::Instance {
+            key: "default/pod".into(),
+            ..Default::default()
+        }];
+        let mut inventory = Inventory::default();
+        inventory.merge(
+            pb::ListDevicesResponse {
+                devices: vec![known],
+                ..Default::default()
+            },
+            &[],
+        );
+        // Its MIG instances could not be read this time: the listing has none.
+        let mut partial = device(0, pb::DeviceState::Partial, "H800");
+        partial.healthy = true;
+        inventory.merge(
+            pb::ListDevicesResponse {
+                devices: vec![partial.clone(), {
+                    let mut never = device(1, pb::DeviceState::Partial, "");
+                    never.healthy = true;
+                    never
+                }],
+                ..Default::default()
+            },
+            &[],
+        );
+        let card = &inventory.devices[&0];
+        assert_eq!(card.state(), pb::DeviceState::Partial);
+        assert_eq!(card.instances.len(), 1, "what was known is kept");
+        let state = NodeState::default();
+        assert!(state.healthy(card), "a card known before stays usable");
+        assert!(
+            !state.healthy(&inventory.devices[&1]),
+            "a card never read cannot be offered"
+        );
     }
 }

@@ -293,6 +293,7 @@ mod tests {
             pb::ListDevicesResponse {
                 control_nodes: Vec::new(),
                 device_root: String::new(),
+                errors: Vec::new(),
                 devices: vec![
                     card(0, pb::Vendor::Nvidia, 81559, false),
                     card(1, pb::Vendor::Nvidia, 81559, false),

@@ -76,6 +76,8 @@ pub fn card_status(state: &NodeState, device: &pb::Device, paths: &[pb::DevicePa
         state.faults.reason(device.index).unwrap_or_else(|| {
             if device.state() == pb::DeviceState::Lost {
                 "the card is lost (fallen off the bus or inaccessible)".into()
+            } else if device.state() == pb::DeviceState::Partial {
+                "the resource layer could not read the card".into()
             } else {
                 "reported unhealthy by the resource layer".into()
             }

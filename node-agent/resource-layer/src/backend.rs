@@ -29,8 +29,9 @@ pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
         target: DestroyTarget,
     ) -> Result<pb::DestroyInstanceResponse, LayerError>;
 
-    /// Instances on the cards (all when `devices` is empty).
-    fn list_instances(&self, devices: &[u32]) -> Result<Vec<pb::Instance>, LayerError>;
+    /// Instances on the cards (all when `devices` is empty), with the cards whose instances
+    /// could not be read.
+    fn list_instances(&self, devices: &[u32]) -> Result<pb::ListInstancesResponse, LayerError>;
 
     /// Card metrics (all when `devices` is empty).
     fn device_metrics(

@@ -72,10 +72,19 @@ pub fn report(backend: &dyn Backend, metrics: bool) -> Result<String, LayerError
         }
     );
     let listing = backend.list_devices(&[])?;
+    for e in &listing.errors {
+        let _ = writeln!(
+            out,
+            "card {}: not read in full ({}: {})",
+            e.device_index, e.reason, e.message
+        );
+    }
     for d in &listing.devices {
         let _ = writeln!(out);
         if d.state() == pb::DeviceState::Lost {
             let _ = writeln!(out, "card {}: {} LOST", d.index, d.uuid);
+        } else if d.state() == pb::DeviceState::Partial && d.model.is_empty() {
+            let _ = writeln!(out, "card {}: {} UNREADABLE", d.index, d.uuid);
         } else {
             let _ = writeln!(
                 out,

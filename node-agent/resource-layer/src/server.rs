@@ -233,14 +233,17 @@ impl ResourceLayer for ResourceLayerService {
     ) -> Result<Response<pb::ListInstancesResponse>, Status> {
         let devices = request.get_ref().device_indexes.clone();
         self.run(request.metadata(), "ListInstances", move |b| {
-            let mut instances = b.list_instances(&devices)?;
+            let mut listed = b.list_instances(&devices)?;
             if let Some(nodes) = b.device_nodes() {
-                instances.iter_mut().for_each(|i| nodes.fill_instance(i));
+                listed
+                    .instances
+                    .iter_mut()
+                    .for_each(|i| nodes.fill_instance(i));
             }
-            Ok(instances)
+            Ok(listed)
         })
         .await
-        .map(|instances| Response::new(pb::ListInstancesResponse { instances }))
+        .map(Response::new)
     }
 
     async fn get_device_metrics(

@@ -1,7 +1,7 @@
 //! The NVML backend against the fake NVML (`runtimekit-fake-nvml`): discovery, MIG instances,
 //! metrics and health as a real card would answer, and the card faults a real node shows.
 
-use runtimekit_fake_nvml::world::{CallFault, Card, Process};
+use runtimekit_fake_nvml::world::{CallFault, Card, Event, Process};
 use runtimekit_fake_nvml::{FakeNvml, World};
 use runtimekit_proto::resource::v1alpha1 as pb;
 use runtimekit_resource_layer::instances::{CreateRequest, ShareSpec};
@@ -92,7 +92,7 @@ fn mig_instances_are_created_listed_and_destroyed_on_the_card() {
         .create_instance(mig_request("pod-b", 1, "7g.80gb", 0))
         .expect_err("7g.80gb overlaps the 3g.40gb");
     assert_eq!(overlap.reason().as_str(), "InstanceOverlap", "{overlap}");
-    let listed = backend.list_instances(&[1]).expect("list");
+    let listed = backend.list_instances(&[1]).expect("list").instances;
     assert_eq!(listed.len(), 1);
     assert_eq!(listed[0].key, "pod-a");
     let destroyed = backend
@@ -128,15 +128,190 @@ fn metrics_read_the_card_and_its_processes() {
     assert_eq!(m.processes[0].sm_util_percent, Some(37));
 }
 
+/// The errors of a listing, as (card, reason).
+fn reasons(errors: &[pb::DeviceError]) -> Vec<(u32, String)> {
+    errors
+        .iter()
+        .map(|e| (e.device_index, e.reason.clone()))
+        .collect()
+}
+
 #[test]
-fn a_scripted_error_reaches_the_caller_as_the_drivers() {
-    let mut world = World::h100(1);
+fn mig_queries_refused_on_one_card_lose_no_other_card() {
+    // A non-root agent, or a container without the MIG monitor capability, gets NO_PERMISSION
+    // for every GPU-instance query of a MIG card.
+    let mut world = World::h100(3);
+    world.cards[1] = Card::h100(1).mig_on();
     world.faults.push(CallFault::error(
-        "nvmlDeviceGetName",
-        Some(0),
+        "nvmlDeviceGetGpuInstances",
+        Some(1),
         "NO_PERMISSION",
     ));
     let (_fake, backend) = backend(&world);
-    let error = backend.list_devices(&[0]).expect_err("no permission");
-    assert!(error.to_string().contains("nvmlDeviceGetName"), "{error}");
+    let listed = backend.list_devices(&[]).expect("the listing survives");
+    assert_eq!(listed.devices.len(), 3);
+    let states: Vec<pb::DeviceState> = listed.devices.iter().map(|d| d.state()).collect();
+    assert_eq!(
+        states,
+        [
+            pb::DeviceState::Ok,
+            pb::DeviceState::Partial,
+            pb::DeviceState::Ok
+        ]
+    );
+    // What could be read of the MIG card is there.
+    assert_eq!(listed.devices[1].model, "NVIDIA H100 80GB HBM3");
+    assert_eq!(reasons(&listed.errors).len(), 1);
+    assert_eq!(listed.errors[0].device_index, 1);
+    assert!(
+        listed.errors[0]
+            .message
+            .contains("nvmlDeviceGetGpuInstances"),
+        "{:?}",
+        listed.errors
+    );
+    let instances = backend.list_instances(&[]).expect("the listing survives");
+    assert_eq!(reasons(&instances.errors).len(), 1);
+    assert_eq!(instances.errors[0].device_index, 1);
+    // The probe goes on and says what it could not read.
+    let report = runtimekit_resource_layer::probe::report(&backend, true).expect("probe");
+    assert!(report.contains("card 1: not read in full"), "{report}");
+    assert!(
+        report.contains("card 2: VENDOR_NVIDIA NVIDIA H100"),
+        "{report}"
+    );
+}
+
+#[test]
+fn a_card_answering_unknown_is_listed_unreadable_and_the_others_whole() {
+    // A card fallen off the bus may answer UNKNOWN rather than GPU_IS_LOST.
+    let mut world = World::h100(4);
+    world
+        .faults
+        .push(CallFault::error("nvmlDeviceGetName", Some(2), "UNKNOWN"));
+    let (_fake, backend) = backend(&world);
+    let listed = backend.list_devices(&[]).expect("the listing survives");
+    assert_eq!(listed.devices.len(), 4);
+    let card = &listed.devices[2];
+    assert_eq!(card.state(), pb::DeviceState::Partial);
+    assert_eq!(card.uuid, Card::h100(2).uuid, "its UUID from discovery");
+    assert!(card.model.is_empty());
+    assert_eq!(reasons(&listed.errors), [(2, "NvmlError".to_string())]);
+    for i in [0, 1, 3] {
+        assert_eq!(listed.devices[i].state(), pb::DeviceState::Ok, "card {i}");
+    }
+    // Paths are given between the cards that answer.
+    assert!(listed.paths.iter().all(|p| p.a != 2 && p.b != 2));
+    assert_eq!(listed.paths.len(), 3);
+}
+
+/// Waits up to 10 s for `done`.
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn has_fault(backend: &NvmlBackend, card: u32, kind: pb::FaultKind) -> bool {
+    backend
+        .health()
+        .faults_of(card)
+        .iter()
+        .any(|f| f.kind() == kind)
+}
+
+/// A backend whose periodic poll never comes during a test: only events and calls act.
+fn backend_without_polls(world: &World) -> (FakeNvml, NvmlBackend) {
+    let fake = FakeNvml::install(world).expect("install the fake NVML");
+    let backend = NvmlBackend::new(NvmlOptions {
+        poll_interval: Duration::from_secs(3600),
+        ..options(&fake)
+    })
+    .expect("the backend starts on the fake");
+    (fake, backend)
+}
+
+#[test]
+fn a_lost_card_stays_lost_while_its_handle_still_resolves() {
+    // A card fallen off the bus: its handle lookup succeeds, every real call is GPU_IS_LOST.
+    let mut world = World::h100(2);
+    world.cards[1].lost = true;
+    let (fake, backend) = backend(&world);
+    assert!(
+        has_fault(&backend, 1, pb::FaultKind::GpuLost),
+        "lost at the first poll"
+    );
+    // Polls every 50 ms: it never flaps back.
+    for _ in 0..10 {
+        std::thread::sleep(Duration::from_millis(30));
+        assert!(
+            !backend.health().healthy(1),
+            "card 1 flapped back to healthy"
+        );
+    }
+    let listed = backend.list_devices(&[]).expect("list");
+    assert_eq!(listed.devices[1].state(), pb::DeviceState::Lost);
+    assert!(!listed.devices[1].healthy);
+    assert!(backend.health().healthy(0));
+    // Back on the bus: the next real query clears it.
+    fake.edit(|w| w.cards[1].lost = false).expect("edit");
+    wait_until("card 1 to answer again", || backend.health().healthy(1));
+}
+
+#[test]
+fn gpu_is_lost_from_the_event_wait_finds_the_lost_card() {
+    let (fake, backend) = backend_without_polls(&World::h100(3));
+    assert!(backend.health().healthy(2));
+    fake.edit(|w| {
+        w.cards[2].lost = true;
+        let mut lost = CallFault::error("nvmlEventSetWait_v2", None, "GPU_IS_LOST");
+        lost.times = Some(1);
+        w.faults.push(lost);
+    })
+    .expect("edit");
+    wait_until("card 2 to be marked lost", || {
+        has_fault(&backend, 2, pb::FaultKind::GpuLost)
+    });
+    assert!(backend.health().healthy(0) && backend.health().healthy(1));
+}
+
+#[test]
+fn an_xid_of_a_card_whose_uuid_cannot_be_read_is_not_dropped() {
+    // XID 79: the card fell off the bus; its UUID cannot be read from the event's handle.
+    let (fake, backend) = backend_without_polls(&World::h100(4));
+    fake.edit(|w| {
+        w.faults.push(CallFault::error(
+            "nvmlDeviceGetUUID",
+            Some(3),
+            "GPU_IS_LOST",
+        ));
+        w.events.push(Event::xid(3, 79));
+    })
+    .expect("edit");
+    wait_until("XID 79 on card 3", || {
+        backend
+            .health()
+            .faults_of(3)
+            .iter()
+            .any(|f| f.kind() == pb::FaultKind::Xid && f.xid == 79)
+    });
+}
+
+#[test]
+fn xid_999_stays_999() {
+    let (fake, backend) = backend_without_polls(&World::h100(1));
+    fake.edit(|w| w.events.push(Event::xid(0, 999)))
+        .expect("edit");
+    wait_until("XID 999 on card 0", || {
+        backend
+            .health()
+            .faults_of(0)
+            .iter()
+            .any(|f| f.kind() == pb::FaultKind::Xid && f.xid == 999)
+    });
 }

@@ -56,7 +56,7 @@ proptest! {
                 }
             }
             // The card holds exactly the model's instances, without overlap.
-            let instances = backend.list_instances(&[6]).expect("list");
+            let instances = backend.list_instances(&[6]).expect("list").instances;
             prop_assert_eq!(instances.len(), live.len());
             let mut seen = 0u8;
             for instance in &instances {

@@ -81,7 +81,7 @@ fn legal_mig_instances_are_created_with_hardware_identity() {
         .expect("1g@2");
     b.create_instance(mig("pod-d", 6, "1g.10gb", 3))
         .expect("1g@3");
-    let on_card = b.list_instances(&[6]).expect("list");
+    let on_card = b.list_instances(&[6]).expect("list").instances;
     assert_eq!(on_card.len(), 4);
     let mut gis: Vec<u32> = on_card
         .iter()
@@ -156,7 +156,7 @@ fn a_card_holds_at_most_its_profile_capacity() {
         b.create_instance(mig(&format!("d{start}"), 6, "1g.20gb", start))
             .expect("four 1g.20gb instances fit");
     }
-    assert_eq!(b.list_instances(&[6, 7]).expect("list").len(), 11);
+    assert_eq!(b.list_instances(&[6, 7]).expect("list").instances.len(), 11);
 }
 
 #[test]
@@ -299,7 +299,7 @@ fn destroy_is_idempotent_and_frees_the_slices() {
     assert!(!again.existed);
     b.create_instance(mig("b", 6, "1g.10gb", 0))
         .expect("room again");
-    let gi = b.list_instances(&[6]).expect("list")[0]
+    let gi = b.list_instances(&[6]).expect("list").instances[0]
         .mig
         .as_ref()
         .map(|m| m.gpu_instance_id)
@@ -311,7 +311,7 @@ fn destroy_is_idempotent_and_frees_the_slices() {
         })
         .expect("by GPU instance");
     assert!(by_ref.existed);
-    assert!(b.list_instances(&[]).expect("list").is_empty());
+    assert!(b.list_instances(&[]).expect("list").instances.is_empty());
 }
 
 #[test]
@@ -327,10 +327,10 @@ fn instances_survive_a_restart_with_a_state_file() {
         b.create_instance(mig("mig-a", 7, "3g.40gb", 4))
             .expect("mig");
         b.create_instance(tdm("tdm-b", 2, 40, 10_240)).expect("tdm");
-        b.list_instances(&[]).expect("list")
+        b.list_instances(&[]).expect("list").instances
     };
     let b = SimulatedBackend::from_profile("h800-8", options.clone()).expect("restart");
-    assert_eq!(b.list_instances(&[]).expect("list"), before);
+    assert_eq!(b.list_instances(&[]).expect("list").instances, before);
     // The key still names its instance after the restart.
     let retry = b
         .create_instance(mig("mig-a", 7, "3g.40gb", 4))
@@ -345,7 +345,13 @@ fn instances_survive_a_restart_with_a_state_file() {
     assert_eq!(err.reason().as_str(), "StateFile");
     // Without a state file a restart starts empty.
     let fresh = backend("h800-8");
-    assert!(fresh.list_instances(&[]).expect("list").is_empty());
+    assert!(
+        fresh
+            .list_instances(&[])
+            .expect("list")
+            .instances
+            .is_empty()
+    );
 }
 
 #[test]
@@ -357,7 +363,7 @@ fn unkeyed_instances_are_listed_and_adopted_by_key() {
     };
     let profile = SimProfile::from_yaml(A30).expect("A30");
     let b = SimulatedBackend::new(profile.clone(), options.clone()).expect("backend");
-    let listed = b.list_instances(&[]).expect("list");
+    let listed = b.list_instances(&[]).expect("list").instances;
     assert_eq!(listed.len(), 2);
     assert!(listed.iter().all(|i| i.key.is_empty()));
     let adopted = b
@@ -377,6 +383,7 @@ fn unkeyed_instances_are_listed_and_adopted_by_key() {
     let keys: Vec<String> = b
         .list_instances(&[])
         .expect("list")
+        .instances
         .into_iter()
         .map(|i| i.key)
         .collect();

@@ -1,5 +1,6 @@
 //! Discovery: what the NVML backend lists of each card (index, UUID, name, memory, PCI,
-//! serial, MIG state, topology, instances), and the placeholder a lost card leaves.
+//! serial, MIG state, topology, instances), the placeholder a lost card leaves, and a card
+//! read in part: one card's failing query is that card's error, never the listing's.
 
 use super::Shared;
 use super::convert::{call_error, mib};
@@ -17,15 +18,25 @@ impl Shared {
     ) -> Result<pb::ListDevicesResponse, LayerError> {
         let selected = select_devices(devices, self.count)?;
         let mut out = Vec::new();
+        let mut errors = Vec::new();
         for &index in &selected {
+            let uuid = self.uuid_of(index);
+            let mut partial = Vec::new();
             match self
                 .watch
-                .call(index, &self.uuid_of(index), || self.device_proto(index))
+                .call(index, &uuid, || self.device_proto(index, &mut partial))
             {
                 Ok(device) => out.push(device),
-                Err(LayerError::DeviceLost { .. }) => out.push(self.lost_device(index)),
-                Err(e) => return Err(e),
+                Err(LayerError::DeviceLost { .. }) => {
+                    self.mark_lost(index);
+                    out.push(self.placeholder(index, pb::DeviceState::Lost));
+                }
+                Err(e) => {
+                    partial.push(e.on_device(index, uuid));
+                    out.push(self.placeholder(index, pb::DeviceState::Partial));
+                }
             }
+            errors.append(&mut partial);
         }
         let paths = self.paths_and_groups(&mut out);
         Ok(pb::ListDevicesResponse {
@@ -34,11 +45,18 @@ impl Shared {
             paths,
             control_nodes: Vec::new(),
             device_root: String::new(),
+            errors,
         })
     }
 
-    /// Everything the backend reports of a card that answers.
-    fn device_proto(&self, index: u32) -> Result<pb::Device, LayerError> {
+    /// Everything the backend reports of a card that answers. A failure to read its MIG
+    /// instances goes to `errors` and leaves the card `Partial` with the instances the ledger
+    /// knows; any other failure is the caller's.
+    fn device_proto(
+        &self,
+        index: u32,
+        errors: &mut Vec<pb::DeviceError>,
+    ) -> Result<pb::Device, LayerError> {
         let dev = self.dev(index)?;
         let uuid = dev
             .uuid()
@@ -52,7 +70,14 @@ impl Shared {
         let pci = dev.pci_info().map_err(e("nvmlDeviceGetPciInfo_v3"))?;
         let table = table_for(&name, mib(memory.total));
         let mode = Self::mig_mode(&dev);
-        let (instances, mut profiles) = self.instances_on(&dev, index, &uuid)?;
+        let (instances, mut profiles, state) = match self.instances_on(&dev, index, &uuid) {
+            Ok((instances, profiles)) => (instances, profiles, pb::DeviceState::Ok),
+            Err(e @ LayerError::DeviceLost { .. }) => return Err(e),
+            Err(e) => {
+                errors.push(e.on_device(index, uuid.clone()));
+                (self.remembered(&uuid), Vec::new(), pb::DeviceState::Partial)
+            }
+        };
         if profiles.is_empty() && mode.is_some() {
             profiles = Self::profile_infos(table, &self.hw_profiles(&dev, table));
         }
@@ -85,21 +110,28 @@ impl Shared {
             ..Default::default()
         };
         device.set_vendor(pb::Vendor::Nvidia);
-        device.set_state(pb::DeviceState::Ok);
+        device.set_state(state);
         Ok(device)
     }
 
-    /// A card that fell off the bus: its UUID and faults, nothing read from it.
-    fn lost_device(&self, index: u32) -> pb::Device {
+    /// A card that fell off the bus (`Lost`) or could not be read (`Partial`): its UUID,
+    /// health, faults and remembered instances, nothing read from it.
+    fn placeholder(&self, index: u32, state: pb::DeviceState) -> pb::Device {
+        let uuid = self.uuid_of(index);
         let mut device = pb::Device {
             index,
-            uuid: self.uuid_of(index),
-            healthy: false,
+            instances: self
+                .remembered(&uuid)
+                .iter()
+                .map(|r| r.to_proto(&[]))
+                .collect(),
+            uuid,
+            healthy: self.hub.healthy(index),
             faults: self.hub.faults_of(index),
             ..Default::default()
         };
         device.set_vendor(pb::Vendor::Nvidia);
-        device.set_state(pb::DeviceState::Lost);
+        device.set_state(state);
         device
     }
 }

@@ -1,7 +1,8 @@
 //! Health: XID and double-bit ECC events from an NVML event set, and a poll of volatile DBE
 //! counts, remapped rows, pending page retirement, lost cards and memory held by dead
 //! processes. XID faults stay until the resource layer restarts, as in the NVIDIA device
-//! plugin: NVML reports the error, not its end.
+//! plugin: NVML reports the error, not its end. GPU_IS_LOST from any call marks a card lost;
+//! a real query that succeeds clears it.
 
 use super::Shared;
 use super::convert::mib;
@@ -13,7 +14,6 @@ use nvml_wrapper::Device;
 use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError};
 use nvml_wrapper::enums::device::UsedGpuMemory;
-use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::event::EventSet;
 use runtimekit_proto::resource::v1alpha1 as pb;
@@ -37,14 +37,28 @@ fn dead_verdict(
     (confirmed, dead_now.iter().map(|(pid, _)| *pid).collect())
 }
 
+/// A card answered GPU_IS_LOST.
+struct Lost;
+
+/// Sorts a call's answer: GPU_IS_LOST stops the poll; other errors leave that check out.
+fn answer<T>(result: Result<T, NvmlError>) -> Result<Option<T>, Lost> {
+    match result {
+        Ok(value) => Ok(Some(value)),
+        Err(NvmlError::GpuLost) => Err(Lost),
+        Err(_) => Ok(None),
+    }
+}
+
 impl Shared {
-    /// The health poll of one card.
+    /// The health poll of one card. GPU_IS_LOST from any call marks the card lost; only a
+    /// real query that succeeds clears it (a handle lookup succeeds on a card fallen off the
+    /// bus).
     fn poll_card(&self, index: u32) {
         let uuid = self.uuid_of(index);
         let dev = match self.nvml.device_by_index(index) {
             Ok(dev) => dev,
             Err(NvmlError::GpuLost) => {
-                self.hub.raise(index, &uuid, faults::gpu_lost());
+                self.mark_lost(index);
                 return;
             }
             Err(error) => {
@@ -52,77 +66,86 @@ impl Shared {
                 return;
             }
         };
-        self.hub.clear(index, Some(pb::FaultKind::GpuLost), None);
-        self.watch.call(index, &uuid, || {
-            match dev.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile) {
-                Ok(0) => {
-                    self.hub.clear(index, Some(pb::FaultKind::EccDbe), None);
-                }
-                Ok(n) => {
-                    self.hub.raise(index, &uuid, faults::ecc_dbe(n));
-                }
-                Err(_) => {}
+        let polled = self
+            .watch
+            .call(index, &uuid, || self.poll_checks(&dev, index, &uuid));
+        if polled.is_err() {
+            self.mark_lost(index);
+        }
+    }
+
+    /// The checks of one card's poll.
+    fn poll_checks(&self, dev: &Device<'_>, index: u32, uuid: &str) -> Result<(), Lost> {
+        if answer(dev.memory_info())?.is_some() {
+            self.hub.clear(index, Some(pb::FaultKind::GpuLost), None);
+        }
+        match answer(dev.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile))? {
+            Some(0) => {
+                self.hub.clear(index, Some(pb::FaultKind::EccDbe), None);
             }
-            if let Ok(rows) = raw::remapped_rows(&self.nvml, &dev) {
-                if rows.failure {
-                    self.hub.raise(index, &uuid, faults::row_remap_failure());
-                } else {
+            Some(n) => {
+                self.hub.raise(index, uuid, faults::ecc_dbe(n));
+            }
+            None => {}
+        }
+        if let Some(rows) = answer(raw::remapped_rows(&self.nvml, dev))? {
+            if rows.failure {
+                self.hub.raise(index, uuid, faults::row_remap_failure());
+            } else {
+                self.hub
+                    .clear(index, Some(pb::FaultKind::RowRemapFailure), None);
+            }
+            if rows.pending {
+                self.hub.raise(
+                    index,
+                    uuid,
+                    faults::row_remap_pending(u64::from(rows.uncorrectable)),
+                );
+            } else {
+                self.hub
+                    .clear(index, Some(pb::FaultKind::RowRemapPending), None);
+            }
+        }
+        match answer(dev.are_pages_pending_retired())? {
+            Some(true) => {
+                self.hub.raise(index, uuid, faults::retired_pages_pending());
+            }
+            Some(false) => {
+                self.hub
+                    .clear(index, Some(pb::FaultKind::RetiredPagesPending), None);
+            }
+            None => {}
+        }
+        if self.options.check_process_liveness {
+            let dead_now: Vec<(u32, u64)> = answer(dev.running_compute_processes())?
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|p| !Sysfs::process_alive(p.pid))
+                .filter_map(|p| match p.used_gpu_memory {
+                    UsedGpuMemory::Used(bytes) if bytes > 0 => Some((p.pid, mib(bytes))),
+                    _ => None,
+                })
+                .collect();
+            let confirmed = {
+                let mut seen = lock(&self.dead_seen);
+                let previous = seen.remove(&index).unwrap_or_default();
+                let (confirmed, next) = dead_verdict(&previous, &dead_now);
+                seen.insert(index, next);
+                confirmed
+            };
+            match confirmed.first() {
+                Some(&(pid, _)) => {
+                    let total = confirmed.iter().map(|(_, m)| m).sum();
                     self.hub
-                        .clear(index, Some(pb::FaultKind::RowRemapFailure), None);
+                        .raise(index, uuid, faults::dead_process_memory(pid, total));
                 }
-                if rows.pending {
-                    self.hub.raise(
-                        index,
-                        &uuid,
-                        faults::row_remap_pending(u64::from(rows.uncorrectable)),
-                    );
-                } else {
+                None => {
                     self.hub
-                        .clear(index, Some(pb::FaultKind::RowRemapPending), None);
+                        .clear(index, Some(pb::FaultKind::DeadProcessMemory), None);
                 }
             }
-            match dev.are_pages_pending_retired() {
-                Ok(true) => {
-                    self.hub
-                        .raise(index, &uuid, faults::retired_pages_pending());
-                }
-                Ok(false) => {
-                    self.hub
-                        .clear(index, Some(pb::FaultKind::RetiredPagesPending), None);
-                }
-                Err(_) => {}
-            }
-            if self.options.check_process_liveness {
-                let dead_now: Vec<(u32, u64)> = dev
-                    .running_compute_processes()
-                    .unwrap_or_default()
-                    .into_iter()
-                    .filter(|p| !Sysfs::process_alive(p.pid))
-                    .filter_map(|p| match p.used_gpu_memory {
-                        UsedGpuMemory::Used(bytes) if bytes > 0 => Some((p.pid, mib(bytes))),
-                        _ => None,
-                    })
-                    .collect();
-                let confirmed = {
-                    let mut seen = lock(&self.dead_seen);
-                    let previous = seen.remove(&index).unwrap_or_default();
-                    let (confirmed, next) = dead_verdict(&previous, &dead_now);
-                    seen.insert(index, next);
-                    confirmed
-                };
-                match confirmed.first() {
-                    Some(&(pid, _)) => {
-                        let total = confirmed.iter().map(|(_, m)| m).sum();
-                        self.hub
-                            .raise(index, &uuid, faults::dead_process_memory(pid, total));
-                    }
-                    None => {
-                        self.hub
-                            .clear(index, Some(pb::FaultKind::DeadProcessMemory), None);
-                    }
-                }
-            }
-        });
+        }
+        Ok(())
     }
 
     /// The health poll of every card.
@@ -174,9 +197,14 @@ impl Shared {
         let mut next_poll = Instant::now() + self.options.poll_interval;
         while !self.stop.load(Ordering::SeqCst) {
             match &set {
-                Some(set) => match set.wait(500) {
-                    Ok(event) => self.on_event(&event.device, event.event_type, event.event_data),
+                Some(set) => match raw::wait_event(&self.nvml, set, 500) {
+                    Ok(event) => self.on_event(&event),
                     Err(NvmlError::Timeout) => {}
+                    Err(NvmlError::GpuLost) => {
+                        // Some card fell off the bus: the poll finds which.
+                        tracing::warn!("waiting for NVML events: a card is lost");
+                        next_poll = Instant::now();
+                    }
                     Err(error) => {
                         tracing::debug!(%error, "waiting for NVML events failed");
                         std::thread::sleep(Duration::from_millis(500));
@@ -191,17 +219,37 @@ impl Shared {
         }
     }
 
-    /// An XID raises its fault; a double-bit ECC event polls the card at once.
-    fn on_event(&self, device: &Device<'_>, kind: EventTypes, xid: Option<XidError>) {
-        let Some(index) = device.uuid().ok().and_then(|u| self.index_of_uuid(&u)) else {
+    /// The card an event names: by its handle, else by its UUID (the handle of a card fallen
+    /// off the bus may not be listed any more, and its UUID may not be readable: XID 79).
+    fn event_card(&self, event: &raw::RawEvent) -> Option<u32> {
+        (0..self.count)
+            .find(|&i| {
+                self.nvml
+                    .device_by_index(i)
+                    .is_ok_and(|d| raw::same_device(&d, event.device))
+            })
+            .or_else(|| {
+                let uuid = raw::device_uuid(&self.nvml, event.device).ok()?;
+                self.index_of_uuid(&uuid)
+            })
+    }
+
+    /// An XID raises its fault; a double-bit ECC event polls the card at once. An event no
+    /// card can be found for polls every card.
+    fn on_event(&self, event: &raw::RawEvent) {
+        let Some(index) = self.event_card(event) else {
+            tracing::warn!(
+                kind = event.kind,
+                data = event.data,
+                "an NVML event names no card this backend knows; polling every card"
+            );
+            self.poll_health();
             return;
         };
         let uuid = self.uuid_of(index);
+        let kind = EventTypes::from_bits_truncate(event.kind);
         if kind.contains(EventTypes::CRITICAL_XID_ERROR) {
-            let code = match xid {
-                Some(XidError::Value(v)) => u32::try_from(v).unwrap_or(u32::MAX),
-                _ => 0,
-            };
+            let code = u32::try_from(event.data).unwrap_or(u32::MAX);
             lock(&self.last_xid).insert(index, code);
             self.hub.raise(index, &uuid, faults::xid(code));
         }

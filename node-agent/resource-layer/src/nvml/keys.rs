@@ -269,10 +269,14 @@ impl Shared {
         })
     }
 
-    /// The instances of the selected cards; a lost card lists what the ledger knows of it.
-    pub(super) fn list_instances(&self, devices: &[u32]) -> Result<Vec<pb::Instance>, LayerError> {
+    /// The instances of the selected cards; a card that is lost or cannot be read lists what
+    /// the ledger knows of it, with its error.
+    pub(super) fn list_instances(
+        &self,
+        devices: &[u32],
+    ) -> Result<pb::ListInstancesResponse, LayerError> {
         let selected = select_devices(devices, self.count)?;
-        let mut out = Vec::new();
+        let mut out = pb::ListInstancesResponse::default();
         for index in selected {
             let uuid = self.uuid_of(index);
             let listed = self.watch.call(index, &uuid, || {
@@ -281,15 +285,17 @@ impl Shared {
             });
             match listed {
                 Ok((records, profiles)) => {
-                    out.extend(records.iter().map(|r| r.to_proto(&profiles)));
+                    out.instances
+                        .extend(records.iter().map(|r| r.to_proto(&profiles)));
                 }
-                Err(LayerError::DeviceLost { .. }) => out.extend(
-                    lock(&self.ledger)
-                        .iter()
-                        .filter(|r| r.device_uuid == uuid)
-                        .map(|r| r.to_proto(&[])),
-                ),
-                Err(e) => return Err(e),
+                Err(error) => {
+                    if matches!(error, LayerError::DeviceLost { .. }) {
+                        self.mark_lost(index);
+                    }
+                    out.instances
+                        .extend(self.remembered(&uuid).iter().map(|r| r.to_proto(&[])));
+                    out.errors.push(error.on_device(index, uuid));
+                }
             }
         }
         Ok(out)

@@ -250,7 +250,12 @@ impl Shared {
             });
             match read {
                 Ok(metrics) => response.devices.push(metrics),
-                Err(error) => response.errors.push(error.on_device(index, uuid)),
+                Err(error) => {
+                    if matches!(error, LayerError::DeviceLost { .. }) {
+                        self.mark_lost(index);
+                    }
+                    response.errors.push(error.on_device(index, uuid));
+                }
             }
         }
         Ok(response)

@@ -41,7 +41,7 @@ use crate::health::HealthHub;
 use crate::instances::{CreateRequest, InstanceRecord};
 use crate::store::Store;
 use crate::sysfs::{Sysfs, sysfs_bus_id};
-use crate::util::Clock;
+use crate::util::{self, Clock};
 use crate::watch::CallWatch;
 use convert::{call_error, init_error};
 use nvml_wrapper::error::NvmlError;
@@ -237,11 +237,26 @@ impl Shared {
         match self.nvml.device_by_index(index) {
             Ok(dev) => Ok(dev),
             Err(NvmlError::GpuLost) => {
-                self.hub.raise(index, &uuid, faults::gpu_lost());
+                self.mark_lost(index);
                 Err(LayerError::DeviceLost { index, uuid })
             }
             Err(e) => Err(call_error("nvmlDeviceGetHandleByIndex_v2", index, &uuid, e)),
         }
+    }
+
+    /// Raises GPU_LOST on a card: any call that answered GPU_IS_LOST says so.
+    fn mark_lost(&self, index: u32) {
+        self.hub
+            .raise(index, &self.uuid_of(index), faults::gpu_lost());
+    }
+
+    /// The keyed instances the ledger remembers on the card with this UUID.
+    fn remembered(&self, uuid: &str) -> Vec<InstanceRecord> {
+        util::lock(&self.ledger)
+            .iter()
+            .filter(|r| r.device_uuid == uuid)
+            .cloned()
+            .collect()
     }
 
     /// Checks that the card exists and, when the caller names one, has the UUID it expects.
@@ -287,7 +302,7 @@ impl Backend for NvmlBackend {
         self.shared.destroy(target)
     }
 
-    fn list_instances(&self, devices: &[u32]) -> Result<Vec<pb::Instance>, LayerError> {
+    fn list_instances(&self, devices: &[u32]) -> Result<pb::ListInstancesResponse, LayerError> {
         self.shared.list_instances(devices)
     }
 

@@ -15,12 +15,13 @@
 #![allow(unsafe_code)]
 
 use nvml_wrapper::error::{NvmlError, nvml_sym, nvml_try};
+use nvml_wrapper::event::EventSet;
 use nvml_wrapper::{Device, Nvml};
 use nvml_wrapper_sys::bindings::{
     NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED, NVML_COMPUTE_INSTANCE_PROFILE_COUNT,
     nvmlComputeInstance_t, nvmlComputeInstanceInfo_t, nvmlComputeInstancePlacement_t,
-    nvmlComputeInstanceProfileInfo_t, nvmlDevice_t, nvmlGpuInstance_t, nvmlGpuInstanceInfo_t,
-    nvmlGpuInstancePlacement_t, nvmlGpuInstanceProfileInfo_v2_t,
+    nvmlComputeInstanceProfileInfo_t, nvmlDevice_t, nvmlEventData_t, nvmlGpuInstance_t,
+    nvmlGpuInstanceInfo_t, nvmlGpuInstancePlacement_t, nvmlGpuInstanceProfileInfo_v2_t,
 };
 use std::ptr;
 
@@ -287,6 +288,63 @@ pub fn destroy_gpu_instance(
     // SAFETY: `gi` is a live GPU-instance handle with no compute instance left.
     unsafe { nvml_try(destroy_gi(gi))? };
     Ok(true)
+}
+
+/// An NVML event as the driver gives it (nvml-wrapper drops the instance IDs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawEvent {
+    /// The device handle the event names, as an address (compared, never dereferenced).
+    pub device: usize,
+    /// NVML's event type bits.
+    pub kind: u64,
+    /// The XID, for XID events.
+    pub data: u64,
+    /// The GPU and compute instance the driver names, when it names one.
+    pub gpu_instance: Option<u32>,
+    pub compute_instance: Option<u32>,
+}
+
+/// Waits up to `timeout_ms` for the next event of `set`.
+pub fn wait_event(nvml: &Nvml, set: &EventSet<'_>, timeout_ms: u32) -> Result<RawEvent, NvmlError> {
+    let sym = nvml_sym(nvml.lib().nvmlEventSetWait_v2.as_ref())?;
+    let mut data = nvmlEventData_t {
+        device: ptr::null_mut(),
+        eventType: 0,
+        eventData: 0,
+        gpuInstanceId: u32::MAX,
+        computeInstanceId: u32::MAX,
+    };
+    // SAFETY: the set's handle lives as long as `set`; `data` is a valid out-struct.
+    unsafe { nvml_try(sym(set.handle(), &mut data, timeout_ms))? };
+    let id = |v: u32| (v != u32::MAX).then_some(v);
+    Ok(RawEvent {
+        device: data.device as usize,
+        kind: data.eventType,
+        data: data.eventData,
+        gpu_instance: id(data.gpuInstanceId),
+        compute_instance: id(data.computeInstanceId),
+    })
+}
+
+/// Whether `device` is the device an event names.
+pub fn same_device(device: &Device<'_>, event_device: usize) -> bool {
+    handle(device) as usize == event_device
+}
+
+/// The UUID of the device an event names.
+pub fn device_uuid(nvml: &Nvml, event_device: usize) -> Result<String, NvmlError> {
+    let sym = nvml_sym(nvml.lib().nvmlDeviceGetUUID.as_ref())?;
+    let mut buffer = [0 as std::os::raw::c_char; 96];
+    let length = u32::try_from(buffer.len()).map_err(|_| NvmlError::InvalidArg)?;
+    // SAFETY: the handle is one NVML gave in an event; `buffer` has `length` bytes.
+    unsafe {
+        nvml_try(sym(
+            event_device as nvmlDevice_t,
+            buffer.as_mut_ptr(),
+            length,
+        ))?
+    };
+    Ok(c_name(&buffer))
 }
 
 /// The GPU-instance ID of a MIG device handle.

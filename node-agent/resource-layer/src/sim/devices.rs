@@ -32,6 +32,7 @@ impl SimulatedBackend {
                 .collect(),
             control_nodes: Vec::new(),
             device_root: String::new(),
+            errors: Vec::new(),
         })
     }
 

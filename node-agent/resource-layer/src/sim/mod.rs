@@ -317,8 +317,11 @@ impl Backend for SimulatedBackend {
         self.destroy(target)
     }
 
-    fn list_instances(&self, devices: &[u32]) -> Result<Vec<pb::Instance>, LayerError> {
-        self.instances_of(devices)
+    fn list_instances(&self, devices: &[u32]) -> Result<pb::ListInstancesResponse, LayerError> {
+        Ok(pb::ListInstancesResponse {
+            instances: self.instances_of(devices)?,
+            errors: Vec::new(),
+        })
     }
 
     fn device_metrics(
