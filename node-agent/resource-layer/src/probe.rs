@@ -71,6 +71,13 @@ pub fn report(backend: &dyn Backend, metrics: bool) -> Result<String, LayerError
             format!(", profile {}", info.profile)
         }
     );
+    if !info.process_liveness_unavailable.is_empty() {
+        let _ = writeln!(
+            out,
+            "memory held by dead processes: not watched ({})",
+            info.process_liveness_unavailable
+        );
+    }
     let listing = backend.list_devices(&[])?;
     for e in &listing.errors {
         let _ = writeln!(

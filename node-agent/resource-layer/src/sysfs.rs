@@ -160,6 +160,22 @@ impl Sysfs {
     }
 }
 
+/// The inode of the host's (initial) PID namespace, fixed by the kernel (`PROC_PID_INIT_INO`).
+const HOST_PID_NAMESPACE: &str = "pid:[4026531836]";
+
+/// Why the driver's process IDs cannot be looked up in this process's `/proc`, given the link
+/// `/proc/self/ns/pid` (`link`): `None` in the host PID namespace, where they can.
+pub fn pids_not_comparable(link: &Path) -> Option<String> {
+    match fs::read_link(link) {
+        Ok(target) if target.as_os_str() == HOST_PID_NAMESPACE => None,
+        Ok(target) => Some(format!(
+            "the resource layer runs in PID namespace {} and NVML reports host PIDs (run it with hostPID)",
+            target.display()
+        )),
+        Err(e) => Some(format!("cannot read {}: {e}", link.display())),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -255,5 +271,21 @@ mod tests {
     fn this_process_is_alive() {
         assert!(Sysfs::process_alive(std::process::id()));
         assert!(!Sysfs::process_alive(u32::MAX));
+    }
+
+    #[test]
+    fn pids_compare_only_in_the_host_pid_namespace() {
+        let dir = TestDir::new("pidns");
+        let host = dir.path().join("host");
+        symlink(HOST_PID_NAMESPACE, &host).expect("link");
+        assert_eq!(pids_not_comparable(&host), None);
+        let pod = dir.path().join("pod");
+        symlink("pid:[4026532271]", &pod).expect("link");
+        let why = pids_not_comparable(&pod).expect("a pod's namespace");
+        assert!(
+            why.contains("4026532271") && why.contains("hostPID"),
+            "{why}"
+        );
+        assert!(pids_not_comparable(&dir.path().join("missing")).is_some());
     }
 }

@@ -315,3 +315,91 @@ fn xid_999_stays_999() {
             .any(|f| f.kind() == pb::FaultKind::Xid && f.xid == 999)
     });
 }
+
+#[test]
+fn nvlink_throughput_and_errors_count_every_link() {
+    let mut world = World::h100(1);
+    for (i, link) in world.cards[0].links.iter_mut().enumerate() {
+        let i = i as u64;
+        link.tx_kib = 1_000 + i;
+        link.rx_kib = 2_000 + i;
+    }
+    // Errors on links 3 and 17, none on link 0.
+    world.cards[0].links[3].crc_flit_errors = 5;
+    world.cards[0].links[17].crc_flit_errors = 2;
+    world.cards[0].links[3].replay_errors = 4;
+    world.cards[0].links[17].recovery_errors = 1;
+    let (_fake, backend) = backend(&world);
+    let m = &backend
+        .device_metrics(&[0], false)
+        .expect("metrics")
+        .devices[0];
+    let links = 18u64;
+    let sum = |base: u64| (0..links).map(|i| base + i).sum::<u64>() * 1024;
+    assert_eq!(m.nvlink_tx_bytes, Some(sum(1_000)), "every link's traffic");
+    assert_eq!(m.nvlink_rx_bytes, Some(sum(2_000)));
+    assert_eq!(m.nvlink_crc_flit_errors, Some(7));
+    assert_eq!(m.nvlink_replay_errors, Some(4));
+    assert_eq!(m.nvlink_recovery_errors, Some(1));
+    assert_eq!(m.memory_temp_c, Some(40));
+}
+
+/// A PID-namespace link in the fake's folder, pointing at `target`.
+fn pid_namespace(fake: &FakeNvml, target: &str) -> std::path::PathBuf {
+    let link = fake.dir().join(format!("ns-{}", target.len()));
+    std::os::unix::fs::symlink(target, &link).expect("link");
+    link
+}
+
+/// A card whose memory is held by a PID that no process has here.
+fn held_by_a_gone_process() -> World {
+    let mut world = World::h100(1);
+    world.cards[0].processes = vec![Process {
+        pid: u32::MAX - 7,
+        used_mib: Some(2_048),
+        ..Process::default()
+    }];
+    world
+}
+
+#[test]
+fn dead_processes_are_not_judged_outside_the_host_pid_namespace() {
+    let fake = FakeNvml::install(&held_by_a_gone_process()).expect("install");
+    let backend = NvmlBackend::new(NvmlOptions {
+        pid_namespace: pid_namespace(&fake, "pid:[4026532271]"),
+        ..options(&fake)
+    })
+    .expect("start");
+    let info = backend.info();
+    assert!(
+        info.process_liveness_unavailable.contains("PID namespace"),
+        "{info:?}"
+    );
+    // Many polls: a PID that means nothing here is never taken for a dead process.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!has_fault(&backend, 0, pb::FaultKind::DeadProcessMemory));
+    let m = backend.device_metrics(&[0], true).expect("metrics");
+    assert_eq!(
+        m.devices[0].processes[0].alive, None,
+        "liveness unknown here"
+    );
+    let report = runtimekit_resource_layer::probe::report(&backend, false).expect("probe");
+    assert!(
+        report.contains("memory held by dead processes: not watched"),
+        "{report}"
+    );
+}
+
+#[test]
+fn dead_processes_are_found_in_the_host_pid_namespace() {
+    let fake = FakeNvml::install(&held_by_a_gone_process()).expect("install");
+    let backend = NvmlBackend::new(NvmlOptions {
+        pid_namespace: pid_namespace(&fake, "pid:[4026531836]"),
+        ..options(&fake)
+    })
+    .expect("start");
+    assert!(backend.info().process_liveness_unavailable.is_empty());
+    wait_until("the dead process's memory to be a fault", || {
+        has_fault(&backend, 0, pb::FaultKind::DeadProcessMemory)
+    });
+}

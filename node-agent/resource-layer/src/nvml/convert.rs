@@ -3,7 +3,6 @@
 
 use crate::error::LayerError;
 use nvml_wrapper::enum_wrappers::device::TopologyLevel;
-use nvml_wrapper::enums::device::SampleValue;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper_sys::bindings::{
     NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE, NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE,
@@ -128,17 +127,6 @@ pub fn mib(bytes: u64) -> u64 {
     bytes >> 20
 }
 
-/// A field value as an unsigned integer, when it is one (or a non-negative other number).
-pub fn sample_u64(value: &SampleValue) -> Option<u64> {
-    match *value {
-        SampleValue::U32(v) => Some(u64::from(v)),
-        SampleValue::U64(v) => Some(v),
-        SampleValue::I64(v) => u64::try_from(v).ok(),
-        SampleValue::F64(v) if v >= 0.0 && v.is_finite() => Some(v as u64),
-        SampleValue::F64(_) => None,
-    }
-}
-
 /// A profile name from the hardware when no table names it: `<slices>g.<GB>gb`, the GB
 /// rounded like NVIDIA's names (up from the MiB the driver reports).
 pub fn fallback_profile_name(slices: u32, memory_mb: u64) -> String {
@@ -254,11 +242,6 @@ mod tests {
     #[test]
     fn values_and_names() {
         assert_eq!(mib(81_559 * 1024 * 1024 + 5), 81_559);
-        assert_eq!(sample_u64(&SampleValue::U32(7)), Some(7));
-        assert_eq!(sample_u64(&SampleValue::U64(1 << 40)), Some(1 << 40));
-        assert_eq!(sample_u64(&SampleValue::I64(-1)), None);
-        assert_eq!(sample_u64(&SampleValue::F64(41.9)), Some(41));
-        assert_eq!(sample_u64(&SampleValue::F64(f64::NAN)), None);
         // H100 1g.10gb reports 9984 MiB, 7g.80gb 81152 MiB; H200 1g.18gb 18432 MiB.
         assert_eq!(fallback_profile_name(1, 9984), "1g.10gb");
         assert_eq!(fallback_profile_name(7, 81_152), "7g.80gb");

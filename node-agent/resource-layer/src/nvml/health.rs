@@ -116,7 +116,7 @@ impl Shared {
             }
             None => {}
         }
-        if self.options.check_process_liveness {
+        if self.liveness_unavailable.is_none() {
             let dead_now: Vec<(u32, u64)> = answer(dev.running_compute_processes())?
                 .unwrap_or_default()
                 .into_iter()

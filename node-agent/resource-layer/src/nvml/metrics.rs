@@ -3,7 +3,7 @@
 //! utilisation, MIG instance and liveness, and the metrics of each keyed instance.
 
 use super::Shared;
-use super::convert::{mib, sample_u64};
+use super::convert::mib;
 use super::raw;
 use crate::backend::select_devices;
 use crate::error::LayerError;
@@ -16,14 +16,87 @@ use nvml_wrapper::enum_wrappers::device::{
 };
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::enums::gpm::GpmMetricId;
-use nvml_wrapper::structs::device::FieldId;
 use nvml_wrapper::sys_exports::field_id;
 use nvml_wrapper::{Device, GpmSample};
+use nvml_wrapper_sys::bindings::NVML_NVLINK_MAX_LINKS;
 use runtimekit_proto::resource::v1alpha1 as pb;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+/// What field values say of a card's memory and NVLink links.
+#[derive(Debug, Default)]
+struct NvlinkReadings {
+    memory_temp_c: Option<u32>,
+    /// Throughput of all links, in KiB.
+    tx_kib: Option<u64>,
+    rx_kib: Option<u64>,
+    crc_flit: Option<u64>,
+    crc_data: Option<u64>,
+    replay: Option<u64>,
+    recovery: Option<u64>,
+}
+
+/// Per-link error counters (scope: the link) and the device totals they replace; the per-link
+/// ones are gone on Blackwell, the totals are what older drivers have.
+const PER_LINK_ERRORS: [(u32, u32); 3] = [
+    (
+        field_id::NVML_FI_DEV_NVLINK_ERROR_DL_CRC,
+        field_id::NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL,
+    ),
+    (
+        field_id::NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY,
+        field_id::NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL,
+    ),
+    (
+        field_id::NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY,
+        field_id::NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL,
+    ),
+];
+
 impl Shared {
+    /// Memory temperature and NVLink counters in one field-value call: throughput summed by
+    /// the driver (scope `UINT_MAX`), error counters summed here over every link that has
+    /// them, the device totals where no link does.
+    fn nvlink_readings(&self, dev: &Device<'_>) -> NvlinkReadings {
+        let all = u32::MAX;
+        let mut fields = vec![
+            (field_id::NVML_FI_DEV_MEMORY_TEMP, 0),
+            (field_id::NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, all),
+            (field_id::NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, all),
+            (field_id::NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL, 0),
+        ];
+        for (per_link, total) in PER_LINK_ERRORS {
+            fields.push((total, 0));
+            fields.extend((0..NVML_NVLINK_MAX_LINKS).map(|link| (per_link, link)));
+        }
+        let Ok(values) = raw::field_values(&self.nvml, dev, &fields) else {
+            return NvlinkReadings::default();
+        };
+        let per_link = NVML_NVLINK_MAX_LINKS as usize;
+        let errors = |n: usize| {
+            let start = 4 + n * (1 + per_link);
+            let links: Vec<u64> = values[start + 1..start + 1 + per_link]
+                .iter()
+                .flatten()
+                .copied()
+                .collect();
+            if links.is_empty() {
+                values[start]
+            } else {
+                Some(links.iter().sum())
+            }
+        };
+        NvlinkReadings {
+            memory_temp_c: values[0].and_then(|v| u32::try_from(v).ok()),
+            tx_kib: values[1],
+            rx_kib: values[2],
+            crc_data: values[3],
+            crc_flit: errors(0),
+            replay: errors(1),
+            recovery: errors(2),
+        }
+    }
+
     /// The processes on a card, with the instance key of the MIG instance each runs in.
     fn processes(&self, dev: &Device<'_>, index: u32, uuid: &str) -> Vec<pb::ProcessMetrics> {
         let mut list = dev.running_compute_processes().unwrap_or_default();
@@ -66,8 +139,8 @@ impl Shared {
                 gpu_instance_id: p.gpu_instance_id,
                 compute_instance_id: p.compute_instance_id,
                 alive: self
-                    .options
-                    .check_process_liveness
+                    .liveness_unavailable
+                    .is_none()
                     .then(|| Sysfs::process_alive(p.pid)),
                 instance_key: p
                     .gpu_instance_id
@@ -87,29 +160,7 @@ impl Shared {
     ) -> pb::DeviceMetrics {
         let uuid = self.uuid_of(index);
         let memory = dev.memory_info().ok();
-        let fields = [
-            field_id::NVML_FI_DEV_MEMORY_TEMP,
-            field_id::NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
-            field_id::NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
-            field_id::NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL,
-            field_id::NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL,
-            field_id::NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL,
-            field_id::NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL,
-        ];
-        let ids: Vec<FieldId> = fields.iter().map(|&f| FieldId(f)).collect();
-        let values: Vec<Option<u64>> = match dev.field_values_for(&ids) {
-            Ok(samples) => samples
-                .into_iter()
-                .map(|s| {
-                    s.ok()
-                        .and_then(|s| s.value.ok())
-                        .as_ref()
-                        .and_then(sample_u64)
-                })
-                .collect(),
-            Err(_) => vec![None; fields.len()],
-        };
-        let field = |i: usize| values.get(i).copied().flatten();
+        let nvlink = self.nvlink_readings(dev);
         let utilization = dev.utilization_rates().ok();
         let rows = raw::remapped_rows(&self.nvml, dev).ok();
         let ecc = |e: MemoryError, c: EccCounter| dev.total_ecc_errors(e, c).ok();
@@ -121,7 +172,7 @@ impl Shared {
             sm_clock_mhz: dev.clock_info(NvClock::SM).ok(),
             mem_clock_mhz: dev.clock_info(NvClock::Memory).ok(),
             gpu_temp_c: dev.temperature(TemperatureSensor::Gpu).ok(),
-            memory_temp_c: field(0).and_then(|v| u32::try_from(v).ok()),
+            memory_temp_c: nvlink.memory_temp_c,
             power_usage_w: dev.power_usage().ok().map(|mw| f64::from(mw) / 1000.0),
             total_energy_mj: dev.total_energy_consumption().ok(),
             gpu_util_percent: utilization.as_ref().map(|u| u.gpu),
@@ -142,8 +193,8 @@ impl Shared {
                 .map(|kb| u64::from(kb) * 1024),
             pcie_replay_count: dev.pcie_replay_counter().ok().map(u64::from),
             // The throughput fields count KiB.
-            nvlink_tx_bytes: field(1).map(|kib| kib.saturating_mul(1024)),
-            nvlink_rx_bytes: field(2).map(|kib| kib.saturating_mul(1024)),
+            nvlink_tx_bytes: nvlink.tx_kib.map(|kib| kib.saturating_mul(1024)),
+            nvlink_rx_bytes: nvlink.rx_kib.map(|kib| kib.saturating_mul(1024)),
             ecc_sbe_volatile: ecc(MemoryError::Corrected, EccCounter::Volatile),
             ecc_dbe_volatile: ecc(MemoryError::Uncorrected, EccCounter::Volatile),
             ecc_sbe_aggregate: ecc(MemoryError::Corrected, EccCounter::Aggregate),
@@ -162,10 +213,10 @@ impl Shared {
             row_remap_pending: rows.map(|r| r.pending),
             row_remap_failure: rows.map(|r| r.failure),
             xid_last: lock(&self.last_xid).get(&index).map(|x| u64::from(*x)),
-            nvlink_crc_flit_errors: field(3),
-            nvlink_crc_data_errors: field(4),
-            nvlink_replay_errors: field(5),
-            nvlink_recovery_errors: field(6),
+            nvlink_crc_flit_errors: nvlink.crc_flit,
+            nvlink_crc_data_errors: nvlink.crc_data,
+            nvlink_replay_errors: nvlink.replay,
+            nvlink_recovery_errors: nvlink.recovery,
             power_violation_ns: dev
                 .violation_status(PerformancePolicy::Power)
                 .ok()

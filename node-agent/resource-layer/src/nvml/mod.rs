@@ -67,8 +67,11 @@ pub struct NvmlOptions {
     pub hang_threshold: Duration,
     /// How often ECC, remapped rows, lost cards and dead processes are polled.
     pub poll_interval: Duration,
-    /// Check that processes holding card memory still exist (needs the host PID namespace).
+    /// Check that processes holding card memory still exist; done only in the host PID
+    /// namespace, where the driver's PIDs can be looked up.
     pub check_process_liveness: bool,
+    /// This process's PID-namespace link (`/proc/self/ns/pid`).
+    pub pid_namespace: PathBuf,
 }
 
 impl Default for NvmlOptions {
@@ -81,6 +84,7 @@ impl Default for NvmlOptions {
             hang_threshold: Duration::from_secs(5),
             poll_interval: Duration::from_secs(10),
             check_process_liveness: true,
+            pid_namespace: PathBuf::from("/proc/self/ns/pid"),
         }
     }
 }
@@ -129,6 +133,8 @@ struct Shared {
     last_xid: Mutex<BTreeMap<u32, u32>>,
     /// The newest process-utilisation sample seen per card, so the next read asks for newer.
     util_seen: Mutex<BTreeMap<u32, u64>>,
+    /// Why processes' liveness is not checked, when it is not.
+    liveness_unavailable: Option<String>,
     /// PIDs found dead on the previous health poll, per card.
     dead_seen: Mutex<BTreeMap<u32, BTreeSet<u32>>>,
     /// Set when the backend is dropped; ends the health thread.
@@ -176,7 +182,16 @@ impl NvmlBackend {
                 .unwrap_or_default(),
             None => Vec::new(),
         };
+        let liveness_unavailable = if options.check_process_liveness {
+            crate::sysfs::pids_not_comparable(&options.pid_namespace)
+        } else {
+            Some("turned off (--no-process-liveness)".into())
+        };
+        if let Some(why) = &liveness_unavailable {
+            tracing::warn!("memory held by dead processes is not watched: {why}");
+        }
         let shared = Arc::new(Shared {
+            liveness_unavailable,
             sysfs: Sysfs::new(options.sysfs_root.clone()),
             nvml,
             options,
@@ -275,6 +290,7 @@ impl Backend for NvmlBackend {
             node_name: s.options.node_name.clone(),
             device_count: s.count,
             fault_injection: false,
+            process_liveness_unavailable: s.liveness_unavailable.clone().unwrap_or_default(),
             ..Default::default()
         };
         info.set_backend(pb::BackendKind::Nvml);

@@ -7,7 +7,9 @@
 //! - remapped rows;
 //! - the far-end type of an NVLink (`NvLink::remote_device_type` writes into a temporary and
 //!   always answers `Unknown`);
-//! - the driver's name of a GPU-instance profile.
+//! - the driver's name of a GPU-instance profile;
+//! - field values with their scope (nvml-wrapper sets every scope to 0: link 0 only);
+//! - waiting for an event with the GPU and compute instance it names.
 //!
 //! Every call goes through the function table nvml-wrapper loaded (`Nvml::lib()`), so a symbol
 //! missing from an old driver is an error, not a crash. Handles of GPU and compute instances
@@ -17,11 +19,14 @@
 use nvml_wrapper::error::{NvmlError, nvml_sym, nvml_try};
 use nvml_wrapper::event::EventSet;
 use nvml_wrapper::{Device, Nvml};
+use nvml_wrapper_sys::bindings as nv;
 use nvml_wrapper_sys::bindings::{
     NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED, NVML_COMPUTE_INSTANCE_PROFILE_COUNT,
     nvmlComputeInstance_t, nvmlComputeInstanceInfo_t, nvmlComputeInstancePlacement_t,
-    nvmlComputeInstanceProfileInfo_t, nvmlDevice_t, nvmlEventData_t, nvmlGpuInstance_t,
-    nvmlGpuInstanceInfo_t, nvmlGpuInstancePlacement_t, nvmlGpuInstanceProfileInfo_v2_t,
+    nvmlComputeInstanceProfileInfo_t, nvmlDevice_t, nvmlEventData_t, nvmlFieldValue_t,
+    nvmlGpuInstance_t, nvmlGpuInstanceInfo_t, nvmlGpuInstancePlacement_t,
+    nvmlGpuInstanceProfileInfo_v2_t, nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED,
+    nvmlReturn_enum_NVML_SUCCESS, nvmlValue_t,
 };
 use std::ptr;
 
@@ -347,6 +352,64 @@ pub fn device_uuid(nvml: &Nvml, event_device: usize) -> Result<String, NvmlError
     Ok(c_name(&buffer))
 }
 
+/// Field values with their scopes (a link, or `u32::MAX` for all links): nvml-wrapper's call
+/// sets every scope to 0, which reads link 0 only. Each answer is the value, or `None` when the
+/// driver refused that field (or it is negative or not a number).
+pub fn field_values(
+    nvml: &Nvml,
+    device: &Device<'_>,
+    fields: &[(u32, u32)],
+) -> Result<Vec<Option<u64>>, NvmlError> {
+    let sym = nvml_sym(nvml.lib().nvmlDeviceGetFieldValues.as_ref())?;
+    let mut values: Vec<nvmlFieldValue_t> = fields
+        .iter()
+        .map(|&(field, scope)| nvmlFieldValue_t {
+            fieldId: field,
+            scopeId: scope,
+            timestamp: 0,
+            latencyUsec: 0,
+            valueType: 0,
+            nvmlReturn: nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED,
+            value: nvmlValue_t { ullVal: 0 },
+        })
+        .collect();
+    let count = i32::try_from(values.len()).map_err(|_| NvmlError::InvalidArg)?;
+    // SAFETY: `values` holds `count` entries, each with its field and scope set.
+    unsafe { nvml_try(sym(handle(device), count, values.as_mut_ptr()))? };
+    Ok(values.iter().map(field_u64).collect())
+}
+
+/// A field value as a count, by its type.
+fn field_u64(value: &nvmlFieldValue_t) -> Option<u64> {
+    if value.nvmlReturn != nvmlReturn_enum_NVML_SUCCESS {
+        return None;
+    }
+    // SAFETY: `valueType` says which member of the union the driver wrote.
+    unsafe {
+        match value.valueType {
+            nv::nvmlValueType_enum_NVML_VALUE_TYPE_DOUBLE => {
+                let v = value.value.dVal;
+                (v >= 0.0 && v.is_finite()).then_some(v as u64)
+            }
+            nv::nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_INT => {
+                Some(u64::from(value.value.uiVal))
+            }
+            nv::nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_LONG => Some(value.value.ulVal as u64),
+            nv::nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_LONG_LONG => Some(value.value.ullVal),
+            nv::nvmlValueType_enum_NVML_VALUE_TYPE_SIGNED_LONG_LONG => {
+                u64::try_from(value.value.sllVal).ok()
+            }
+            nv::nvmlValueType_enum_NVML_VALUE_TYPE_SIGNED_INT => {
+                u64::try_from(value.value.siVal).ok()
+            }
+            nv::nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_SHORT => {
+                Some(u64::from(value.value.usVal))
+            }
+            _ => None,
+        }
+    }
+}
+
 /// The GPU-instance ID of a MIG device handle.
 pub fn gpu_instance_id(nvml: &Nvml, mig_device: &Device<'_>) -> Result<u32, NvmlError> {
     let sym = nvml_sym(nvml.lib().nvmlDeviceGetGpuInstanceId.as_ref())?;
@@ -433,6 +496,73 @@ fn c_name(chars: &[std::os::raw::c_char]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn field_values_are_read_by_their_type() {
+        let value = |kind, value, ret| nvmlFieldValue_t {
+            fieldId: 0,
+            scopeId: 0,
+            timestamp: 0,
+            latencyUsec: 0,
+            valueType: kind,
+            nvmlReturn: ret,
+            value,
+        };
+        let ok = nvmlReturn_enum_NVML_SUCCESS;
+        let cases = [
+            (
+                value(
+                    nv::nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_INT,
+                    nvmlValue_t { uiVal: 7 },
+                    ok,
+                ),
+                Some(7),
+            ),
+            (
+                value(
+                    nv::nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_LONG_LONG,
+                    nvmlValue_t { ullVal: 1 << 40 },
+                    ok,
+                ),
+                Some(1 << 40),
+            ),
+            (
+                value(
+                    nv::nvmlValueType_enum_NVML_VALUE_TYPE_SIGNED_LONG_LONG,
+                    nvmlValue_t { sllVal: -1 },
+                    ok,
+                ),
+                None,
+            ),
+            (
+                value(
+                    nv::nvmlValueType_enum_NVML_VALUE_TYPE_DOUBLE,
+                    nvmlValue_t { dVal: 41.9 },
+                    ok,
+                ),
+                Some(41),
+            ),
+            (
+                value(
+                    nv::nvmlValueType_enum_NVML_VALUE_TYPE_DOUBLE,
+                    nvmlValue_t { dVal: f64::NAN },
+                    ok,
+                ),
+                None,
+            ),
+            (
+                value(
+                    nv::nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_INT,
+                    nvmlValue_t { uiVal: 7 },
+                    nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED,
+                ),
+                None,
+            ),
+        ];
+        for (field, expected) in cases {
+            assert_eq!(field_u64(&field), expected);
+        }
+    }
 
     #[test]
     fn c_names_stop_at_nul() {
