@@ -394,6 +394,8 @@ fn field_u64(value: &nvmlFieldValue_t) -> Option<u64> {
             nv::nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_INT => {
                 Some(u64::from(value.value.uiVal))
             }
+            // `unsigned long` is 32 bits on some targets.
+            #[allow(clippy::unnecessary_cast)]
             nv::nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_LONG => Some(value.value.ulVal as u64),
             nv::nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_LONG_LONG => Some(value.value.ullVal),
             nv::nvmlValueType_enum_NVML_VALUE_TYPE_SIGNED_LONG_LONG => {
