@@ -42,6 +42,9 @@ pub struct MigIds {
     pub compute_instance_id: u32,
     /// `MIG-<uuid>`, when known.
     pub device_uuid: String,
+    /// The GPU instance has no compute instance (nothing can run in it yet).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub no_compute_instance: bool,
 }
 
 /// One instance on one card.
@@ -121,6 +124,7 @@ impl InstanceRecord {
             memory_slices: mig_profile.map_or(0, |p| p.memory_slices),
             multiprocessors: mig_profile.map_or(0, |p| p.multiprocessors),
             device_nodes: Vec::new(),
+            no_compute_instance: ids.no_compute_instance,
         });
         pb::Instance {
             key: self.key.clone().unwrap_or_default(),
@@ -364,6 +368,7 @@ mod tests {
                 gpu_instance_id: 1,
                 compute_instance_id: 0,
                 device_uuid: "MIG-x".into(),
+                no_compute_instance: false,
             }),
             created_unix_ms: 0,
         }

@@ -403,3 +403,132 @@ fn dead_processes_are_found_in_the_host_pid_namespace() {
         has_fault(&backend, 0, pb::FaultKind::DeadProcessMemory)
     });
 }
+
+/// A GPU instance made on card `card` by hand (nvidia-smi), with compute instances of the
+/// given profile IDs.
+fn by_hand(world: &mut World, card: usize, id: u32, profile_id: u32, start: u32, cis: &[u32]) {
+    let mig = world.cards[card].mig.as_mut().expect("a MIG card");
+    let size = mig
+        .profiles
+        .iter()
+        .find(|p| p.id == profile_id)
+        .expect("the profile")
+        .memory_slices;
+    mig.instances
+        .push(runtimekit_fake_nvml::world::GpuInstance {
+            id,
+            profile_id,
+            start,
+            size,
+            uuid: format!("MIG-hand-{id}"),
+            compute_instances: cis
+                .iter()
+                .enumerate()
+                .map(|(i, &p)| runtimekit_fake_nvml::world::ComputeInstance {
+                    id: i as u32,
+                    profile_id: p,
+                })
+                .collect(),
+            ..Default::default()
+        });
+}
+
+#[test]
+fn instances_of_profiles_past_the_crates_constants_are_listed() {
+    let mut world = World::h100(1);
+    world.cards[0] = Card::h100(0).mig_on();
+    let mig = world.cards[0].mig.as_mut().expect("mig");
+    // A newer driver's 1g.10gb without media engines (profile index 13, ID 21), and a 7-slice
+    // compute-instance profile at index 8, past NVML_COMPUTE_INSTANCE_PROFILE_COUNT.
+    let mut no_me = mig.profiles[0].clone();
+    (no_me.index, no_me.id, no_me.name) = (13, 21, "1g.10gb-me".into());
+    mig.profiles.push(no_me);
+    mig.compute_profile_count = 9;
+    let full = mig.profiles.iter_mut().find(|p| p.id == 0).expect("7g");
+    full.compute_profiles
+        .push(runtimekit_fake_nvml::world::CiProfile {
+            index: 8,
+            id: 8,
+            slices: 7,
+        });
+    let mut two = World::h100(2);
+    two.cards[0] = world.cards[0].clone();
+    two.cards[1] = world.cards[0].clone();
+    by_hand(&mut two, 0, 11, 21, 2, &[0]);
+    by_hand(&mut two, 1, 1, 0, 0, &[8]);
+    let (_fake, backend) = backend(&two);
+    let listed = backend.list_instances(&[]).expect("list");
+    assert!(listed.errors.is_empty(), "{:?}", listed.errors);
+    let on = |card: u32| {
+        listed
+            .instances
+            .iter()
+            .filter(|i| i.spec.as_ref().is_some_and(|s| s.device_index == card))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(on(0).len(), 1, "the 1g.10gb-me instance occupies slice 2");
+    let full = on(1);
+    assert_eq!(full.len(), 1);
+    let ids = full[0].mig.as_ref().expect("ids");
+    assert!(
+        !ids.no_compute_instance,
+        "its compute instance is found: {ids:?}"
+    );
+}
+
+#[test]
+fn a_failed_profile_query_forgets_no_key() {
+    let mut world = World::h100(1);
+    world.cards[0] = Card::h100(0).mig_on();
+    let (fake, backend) = backend(&world);
+    backend
+        .create_instance(mig_request("pod-a", 0, "3g.40gb", 0))
+        .expect("create");
+    fake.edit(|w| {
+        let mut flaky = CallFault::error("nvmlDeviceGetGpuInstanceProfileInfo", Some(0), "UNKNOWN");
+        flaky.times = Some(1);
+        w.faults.push(flaky);
+    })
+    .expect("edit");
+    let during = backend.list_instances(&[0]).expect("list");
+    assert_eq!(during.errors.len(), 1, "the card's error is said");
+    assert_eq!(
+        during.instances[0].key, "pod-a",
+        "what the ledger knows is listed"
+    );
+    let after = backend.list_instances(&[0]).expect("list");
+    assert!(after.errors.is_empty());
+    assert_eq!(after.instances.len(), 1);
+    assert_eq!(after.instances[0].key, "pod-a", "the key is kept");
+}
+
+#[test]
+fn a_gpu_instance_without_compute_instance_is_completed_before_it_is_adopted() {
+    let mut world = World::h100(1);
+    world.cards[0] = Card::h100(0).mig_on();
+    by_hand(&mut world, 0, 1, 9, 4, &[]);
+    let (fake, backend) = backend(&world);
+    let listed = backend.list_instances(&[0]).expect("list").instances;
+    assert_eq!(listed.len(), 1);
+    assert!(
+        listed[0]
+            .mig
+            .as_ref()
+            .is_some_and(|m| m.no_compute_instance),
+        "{listed:?}"
+    );
+    let adopted = backend
+        .create_instance(mig_request("pod-a", 0, "3g.40gb", 4))
+        .expect("adopt");
+    assert!(adopted.adopted);
+    let ids = adopted.instance.and_then(|i| i.mig).expect("ids");
+    assert!(!ids.no_compute_instance);
+    assert!(!ids.device_uuid.is_empty(), "a MIG device now: {ids:?}");
+    let card = &fake.world().expect("world").cards[0];
+    let gi = &card.mig.as_ref().expect("mig").instances[0];
+    assert_eq!(
+        gi.compute_instances.len(),
+        1,
+        "its full compute instance was made"
+    );
+}

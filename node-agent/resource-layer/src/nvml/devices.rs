@@ -79,7 +79,9 @@ impl Shared {
             }
         };
         if profiles.is_empty() && mode.is_some() {
-            profiles = Self::profile_infos(table, &self.hw_profiles(&dev, table));
+            // MIG off: the driver offers no profiles; the table's are shown.
+            let hw = self.hw_profiles(&dev, table).unwrap_or_default();
+            profiles = Self::profile_infos(table, &hw);
         }
         let mig = match mode {
             Some((current, pending)) => pb::MigState {

@@ -5,11 +5,11 @@
 //! is forgotten.
 
 use super::Shared;
-use super::convert::{call_error, mib};
+use super::convert::{call_error, ci_profile_index, mib};
 use super::raw;
 use crate::backend::{DestroyTarget, select_devices};
 use crate::error::LayerError;
-use crate::instances::{CreateRequest, InstanceRecord, Resolution, ShareSpec, resolve};
+use crate::instances::{CreateRequest, InstanceRecord, MigIds, Resolution, ShareSpec, resolve};
 use crate::store::change_and_save;
 use crate::util::lock;
 use nvml_wrapper::Device;
@@ -36,7 +36,9 @@ impl Shared {
         let table = Self::table_of(dev);
         let mig_enabled = Self::mig_mode(dev).is_some_and(|(current, _)| current);
         let (hw, profiles) = if mig_enabled {
-            let profiles = self.hw_profiles(dev, table);
+            let profiles = self
+                .hw_profiles(dev, table)
+                .map_err(|e| call_error("nvmlDeviceGetGpuInstanceProfileInfo", index, uuid, e))?;
             (
                 self.hw_instances(dev, index, uuid, &profiles)?,
                 Self::profile_infos(table, &profiles),
@@ -116,6 +118,11 @@ impl Shared {
             Resolution::Adopt(i) => {
                 let mut record = all[i].clone();
                 record.key = Some(request.key.clone());
+                if let Some(ids) = record.mig.as_mut().filter(|m| m.no_compute_instance) {
+                    // Nothing runs in a GPU instance without a compute instance: give it its
+                    // full one before handing it out.
+                    self.complete(&dev, index, &uuid, &record.spec, ids)?;
+                }
                 self.remember(record.clone())?;
                 tracing::info!(key = %request.key, card = index, "adopted an unkeyed MIG instance");
                 Ok(pb::CreateInstanceResponse {
@@ -157,7 +164,8 @@ impl Shared {
                 };
                 let profiles = if record.mig.is_some() && profiles.is_empty() {
                     let table = Self::table_of(&dev);
-                    Self::profile_infos(table, &self.hw_profiles(&dev, table))
+                    let hw = self.hw_profiles(&dev, table).unwrap_or_default();
+                    Self::profile_infos(table, &hw)
                 } else {
                     profiles
                 };
@@ -176,6 +184,36 @@ impl Shared {
                 })
             }
         }
+    }
+
+    /// Creates the full compute instance of a GPU instance that has none.
+    fn complete(
+        &self,
+        dev: &Device<'_>,
+        index: u32,
+        uuid: &str,
+        spec: &ShareSpec,
+        ids: &mut MigIds,
+    ) -> Result<(), LayerError> {
+        let ShareSpec::Mig { profile, .. } = spec else {
+            return Ok(());
+        };
+        let slices = Self::table_of(dev)
+            .and_then(|t| t.profile(profile))
+            .map(|p| p.slices)
+            .ok_or_else(|| LayerError::Unsupported(format!("no MIG table entry for {profile}")))?;
+        let ci_index = ci_profile_index(slices).ok_or_else(|| {
+            LayerError::Unsupported(format!("no compute-instance profile for {profile}"))
+        })?;
+        ids.compute_instance_id =
+            raw::create_compute_instance(&self.nvml, dev, ids.gpu_instance_id, ci_index)
+                .map_err(|e| call_error("nvmlGpuInstanceCreateComputeInstance", index, uuid, e))?;
+        ids.no_compute_instance = false;
+        ids.device_uuid = self
+            .mig_uuids(dev)
+            .remove(&ids.gpu_instance_id)
+            .unwrap_or_default();
+        Ok(())
     }
 
     /// Adds a keyed record to the ledger and saves it; a failed save undoes the addition.

@@ -11,6 +11,7 @@ use super::raw;
 use crate::error::LayerError;
 use crate::instances::{InstanceRecord, MigIds, ShareSpec, check_mig_placement, max_alone};
 use nvml_wrapper::Device;
+use nvml_wrapper::error::NvmlError;
 use runtimekit_contract::mig::{MigProfile, MigTable, table_for};
 use runtimekit_proto::resource::v1alpha1 as pb;
 use std::collections::BTreeMap;
@@ -40,14 +41,9 @@ impl HwProfile {
     }
 }
 
-/// `NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1` and `_2_SLICE_REV1`: the `+me` profiles.
-const MEDIA_PROFILE_INDEXES: [u32; 2] = [
-    nvml_wrapper_sys::bindings::NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1,
-    nvml_wrapper_sys::bindings::NVML_GPU_INSTANCE_PROFILE_2_SLICE_REV1,
-];
-
-/// The (compute slices, memory slices) of the profiles probed on a model without a table.
-const PROBED_PROFILES: [(u8, u8); 6] = [(1, 1), (1, 2), (2, 2), (3, 4), (4, 4), (7, 8)];
+/// GPU-instance profile indexes asked before giving up on a driver that never answers
+/// INVALID_ARGUMENT (driver 550 has 17).
+const MAX_PROFILE_INDEXES: u32 = 64;
 
 impl Shared {
     /// The contract's MIG table of the card's model, if it has one.
@@ -64,45 +60,40 @@ impl Shared {
             .map(|m| (m.current == 1, m.pending == 1))
     }
 
-    /// The GPU-instance profiles of a card.
+    /// The GPU-instance profiles of a card: every index the driver answers, until it says
+    /// INVALID_ARGUMENT (newer drivers have profiles past nvml-wrapper's constants, and
+    /// instances of any profile occupy slices). A profile is left out only when the driver
+    /// says NOT_SUPPORTED; any other error is the caller's, so no instance goes unlisted.
     pub(super) fn hw_profiles(
         &self,
         dev: &Device<'_>,
         table: Option<&'static MigTable>,
-    ) -> Vec<HwProfile> {
-        let mut candidates: Vec<(Option<&'static MigProfile>, u32)> = match table {
-            Some(t) => t
-                .profiles
-                .iter()
-                .filter_map(|p| Some((Some(p), gi_profile_index(p.slices, p.memory_slices)?)))
-                .collect(),
-            None => PROBED_PROFILES
-                .iter()
-                .filter_map(|&(slices, memory_slices)| {
-                    Some((None, gi_profile_index(slices, memory_slices)?))
-                })
-                .collect(),
-        };
-        // Media-extension profiles are never created here, but instances of them made by
-        // hand occupy slices and must be listed.
-        candidates.extend(MEDIA_PROFILE_INDEXES.iter().map(|&i| (None, i)));
-        candidates
-            .into_iter()
-            .filter_map(|(table, index)| {
-                let info = dev.profile_info(index).ok()?;
-                Some(HwProfile {
-                    table,
-                    id: info.id,
-                    slices: info.slice_count,
-                    instance_count: info.instance_count,
-                    memory_mb: info.memory_size_mb,
-                    multiprocessors: info.multiprocessor_count,
-                    placements: raw::possible_placements(&self.nvml, dev, info.id)
-                        .unwrap_or_default(),
-                    hw_name: raw::gi_profile_name(&self.nvml, dev, index).unwrap_or_default(),
-                })
-            })
-            .collect()
+    ) -> Result<Vec<HwProfile>, NvmlError> {
+        let mut out = Vec::new();
+        for index in 0..MAX_PROFILE_INDEXES {
+            let info = match dev.profile_info(index) {
+                Ok(info) => info,
+                Err(NvmlError::NotSupported) => continue,
+                Err(NvmlError::InvalidArg) => break,
+                Err(e) => return Err(e),
+            };
+            let table = table.and_then(|t| {
+                t.profiles
+                    .iter()
+                    .find(|p| gi_profile_index(p.slices, p.memory_slices) == Some(index))
+            });
+            out.push(HwProfile {
+                table,
+                id: info.id,
+                slices: info.slice_count,
+                instance_count: info.instance_count,
+                memory_mb: info.memory_size_mb,
+                multiprocessors: info.multiprocessor_count,
+                placements: raw::possible_placements(&self.nvml, dev, info.id).unwrap_or_default(),
+                hw_name: raw::gi_profile_name(&self.nvml, dev, index).unwrap_or_default(),
+            });
+        }
+        Ok(out)
     }
 
     /// The profiles on the wire: the table's, with what the driver reports.
@@ -185,10 +176,9 @@ impl Shared {
             let gis = raw::gpu_instances(&self.nvml, dev, profile.id, profile.instance_count)
                 .map_err(|e| call_error("nvmlDeviceGetGpuInstances", index, uuid, e))?;
             for gi in gis {
-                let ci = raw::compute_instance_ids(&self.nvml, dev, gi.id)
-                    .ok()
-                    .and_then(|ids| ids.first().copied())
-                    .unwrap_or(0);
+                let cis = raw::compute_instance_ids(&self.nvml, dev, gi.id).map_err(|e| {
+                    call_error("nvmlGpuInstanceGetComputeInstances", index, uuid, e)
+                })?;
                 out.push(InstanceRecord {
                     key: None,
                     device_index: index,
@@ -199,8 +189,9 @@ impl Shared {
                     },
                     mig: Some(MigIds {
                         gpu_instance_id: gi.id,
-                        compute_instance_id: ci,
+                        compute_instance_id: cis.first().copied().unwrap_or(0),
                         device_uuid: uuids.get(&gi.id).cloned().unwrap_or_default(),
+                        no_compute_instance: cis.is_empty(),
                     }),
                     created_unix_ms: now,
                 });
@@ -310,6 +301,7 @@ impl Shared {
                 gpu_instance_id: gi.id,
                 compute_instance_id: ci,
                 device_uuid: self.mig_uuids(dev).remove(&gi.id).unwrap_or_default(),
+                no_compute_instance: false,
             }),
             created_unix_ms: self.clock.now_ms(),
         })

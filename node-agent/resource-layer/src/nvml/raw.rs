@@ -21,12 +21,11 @@ use nvml_wrapper::event::EventSet;
 use nvml_wrapper::{Device, Nvml};
 use nvml_wrapper_sys::bindings as nv;
 use nvml_wrapper_sys::bindings::{
-    NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED, NVML_COMPUTE_INSTANCE_PROFILE_COUNT,
-    nvmlComputeInstance_t, nvmlComputeInstanceInfo_t, nvmlComputeInstancePlacement_t,
-    nvmlComputeInstanceProfileInfo_t, nvmlDevice_t, nvmlEventData_t, nvmlFieldValue_t,
-    nvmlGpuInstance_t, nvmlGpuInstanceInfo_t, nvmlGpuInstancePlacement_t,
-    nvmlGpuInstanceProfileInfo_v2_t, nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED,
-    nvmlReturn_enum_NVML_SUCCESS, nvmlValue_t,
+    NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED, nvmlComputeInstance_t, nvmlComputeInstanceInfo_t,
+    nvmlComputeInstancePlacement_t, nvmlComputeInstanceProfileInfo_t, nvmlDevice_t,
+    nvmlEventData_t, nvmlFieldValue_t, nvmlGpuInstance_t, nvmlGpuInstanceInfo_t,
+    nvmlGpuInstancePlacement_t, nvmlGpuInstanceProfileInfo_v2_t,
+    nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED, nvmlReturn_enum_NVML_SUCCESS, nvmlValue_t,
 };
 use std::ptr;
 
@@ -231,18 +230,24 @@ pub fn create_compute_instance(
     ci_id(nvml, ci)
 }
 
-/// The compute instances of a GPU instance, as (ID, handle), over every CI profile.
+/// Compute-instance profile indexes asked before giving up on a driver that never answers
+/// INVALID_ARGUMENT.
+const MAX_CI_PROFILE_INDEXES: u32 = 32;
+
+/// The compute instances of a GPU instance, as (ID, handle), over every CI profile the driver
+/// has: indexes until INVALID_ARGUMENT (newer drivers have profiles past nvml-wrapper's
+/// constants), skipping those that do not fit this GPU instance (NOT_SUPPORTED).
 fn compute_instances(
     nvml: &Nvml,
     gi: nvmlGpuInstance_t,
 ) -> Result<Vec<(u32, nvmlComputeInstance_t)>, NvmlError> {
     let sym = nvml_sym(nvml.lib().nvmlGpuInstanceGetComputeInstances.as_ref())?;
     let mut out = Vec::new();
-    for index in 0..NVML_COMPUTE_INSTANCE_PROFILE_COUNT {
+    for index in 0..MAX_CI_PROFILE_INDEXES {
         let profile_id = match ci_profile_id(nvml, gi, index) {
             Ok(id) => id,
-            // Profiles that do not fit this GPU instance.
-            Err(NvmlError::NotSupported | NvmlError::InvalidArg) => continue,
+            Err(NvmlError::NotSupported) => continue,
+            Err(NvmlError::InvalidArg) => break,
             Err(e) => return Err(e),
         };
         // A GPU instance has at most 8 compute slices, so at most 8 compute instances.

@@ -203,6 +203,7 @@ impl SimulatedBackend {
                         gpu_instance_id,
                         compute_instance_id: 0,
                         device_uuid: mig_uuid(&uuid, gpu_instance_id, now),
+                        no_compute_instance: false,
                     }
                 });
                 let record = InstanceRecord {

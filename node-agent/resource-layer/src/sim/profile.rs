@@ -254,6 +254,7 @@ impl SimProfile {
                         gpu_instance_id,
                         compute_instance_id: 0,
                         device_uuid: super::instances::mig_uuid(uuid, gpu_instance_id, now_ms),
+                        no_compute_instance: false,
                     }),
                     created_unix_ms: now_ms,
                 });
