@@ -22,6 +22,9 @@ pub struct World {
     /// How often the driver samples per-process utilisation, in milliseconds: a sample is
     /// taken at every multiple of it, and a process idle at that moment has none.
     pub sample_period_ms: u64,
+    /// The time of the driver's newest sample, in µs since the epoch, held still; the newest
+    /// multiple of the period before now when absent.
+    pub sample_at_us: Option<u64>,
 }
 
 /// One card.

@@ -532,3 +532,44 @@ fn a_gpu_instance_without_compute_instance_is_completed_before_it_is_adopted() {
         "its full compute instance was made"
     );
 }
+
+#[test]
+fn process_utilisation_is_seen_by_every_reader_and_idle_processes_read_zero() {
+    let mut world = World::h100(1);
+    // The driver's newest sample, held still: every read below sees the same one.
+    world.sample_at_us = Some(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_micros() as u64,
+    );
+    world.cards[0].processes = vec![
+        Process {
+            pid: 100,
+            used_mib: Some(1_024),
+            sm_util: 40,
+            ..Process::default()
+        },
+        Process {
+            pid: 200,
+            used_mib: Some(512),
+            ..Process::default()
+        },
+    ];
+    let (_fake, backend) = backend(&world);
+    let util = |m: &pb::GetDeviceMetricsResponse| -> Vec<(u32, Option<u32>)> {
+        m.devices[0]
+            .processes
+            .iter()
+            .map(|p| (p.pid, p.sm_util_percent))
+            .collect()
+    };
+    let first = backend.device_metrics(&[0], true).expect("metrics");
+    let second = backend.device_metrics(&[0], true).expect("metrics");
+    assert_eq!(util(&first), [(100, Some(40)), (200, Some(0))]);
+    assert_eq!(
+        util(&second),
+        util(&first),
+        "the second reader sees the sample too"
+    );
+}

@@ -341,7 +341,7 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
         |w, card, gi| {
             // The driver's newest sample, on its sampling grid; busy processes only.
             let period = w.sample_period_ms.max(1) * 1000;
-            let taken = now_us() / period * period;
+            let taken = w.sample_at_us.unwrap_or(now_us() / period * period);
             let list: Vec<nv::nvmlProcessUtilizationSample_t> = card
                 .processes
                 .iter()

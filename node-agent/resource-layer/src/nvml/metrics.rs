@@ -16,12 +16,59 @@ use nvml_wrapper::enum_wrappers::device::{
 };
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::enums::gpm::GpmMetricId;
+use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::sys_exports::field_id;
 use nvml_wrapper::{Device, GpmSample};
 use nvml_wrapper_sys::bindings::NVML_NVLINK_MAX_LINKS;
 use runtimekit_proto::resource::v1alpha1 as pb;
 use std::collections::BTreeMap;
 use std::time::Duration;
+
+/// How long a process's utilisation sample counts: the driver samples every few hundred
+/// milliseconds, and a process with no newer sample has been idle since.
+const SAMPLE_LIFETIME_US: u64 = 5_000_000;
+
+/// The per-process utilisation samples of one card read so far: the newest per process.
+#[derive(Debug, Default)]
+pub(super) struct UtilSamples {
+    /// PID -> (sample time in µs since the epoch, SM %).
+    newest: BTreeMap<u32, (u64, u32)>,
+}
+
+impl UtilSamples {
+    /// The time of the newest sample, to ask NVML only for newer ones.
+    fn newest(&self) -> Option<u64> {
+        self.newest.values().map(|(t, _)| *t).max()
+    }
+
+    /// Takes in samples (PID, time, SM %), keeping the newest per process.
+    fn add(&mut self, samples: impl Iterator<Item = (u32, u64, u32)>) {
+        for (pid, time, sm) in samples {
+            let entry = self.newest.entry(pid).or_insert((time, sm));
+            if time >= entry.0 {
+                *entry = (time, sm);
+            }
+        }
+    }
+
+    /// SM % by PID of the processes sampled busy within the sample lifetime before `now_us`;
+    /// older samples are forgotten.
+    fn at(&mut self, now_us: u64) -> BTreeMap<u32, u32> {
+        let oldest = now_us.saturating_sub(SAMPLE_LIFETIME_US);
+        self.newest.retain(|_, (t, _)| *t >= oldest);
+        self.newest
+            .iter()
+            .map(|(pid, (_, sm))| (*pid, *sm))
+            .collect()
+    }
+}
+
+/// Microseconds since the epoch, NVML's sample clock.
+fn now_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
 
 /// What field values say of a card's memory and NVLink links.
 #[derive(Debug, Default)]
@@ -105,23 +152,20 @@ impl Shared {
                 list.push(p);
             }
         }
-        let samples = {
-            let mut seen = lock(&self.util_seen);
-            let samples = dev
-                .process_utilization_stats(seen.get(&index).copied())
-                .unwrap_or_default();
-            if let Some(last) = samples.iter().map(|s| s.timestamp).max() {
-                seen.insert(index, last);
+        let util = {
+            let mut all = lock(&self.util);
+            let card = all.entry(index).or_default();
+            match dev.process_utilization_stats(card.newest()) {
+                Ok(fresh) => {
+                    card.add(fresh.iter().map(|s| (s.pid, s.timestamp, s.sm_util)));
+                    Some(card.at(now_us()))
+                }
+                // No process was busy since the last sample.
+                Err(NvmlError::NotFound) => Some(card.at(now_us())),
+                // The card does not sample processes: nothing is known.
+                Err(_) => None,
             }
-            samples
         };
-        let mut util: BTreeMap<u32, (u64, u32)> = BTreeMap::new();
-        for s in samples {
-            let entry = util.entry(s.pid).or_insert((0, 0));
-            if s.timestamp >= entry.0 {
-                *entry = (s.timestamp, s.sm_util);
-            }
-        }
         let keys: BTreeMap<u32, String> = lock(&self.ledger)
             .iter()
             .filter(|r| r.device_uuid == uuid)
@@ -135,7 +179,8 @@ impl Shared {
                     UsedGpuMemory::Used(bytes) => Some(mib(bytes)),
                     UsedGpuMemory::Unavailable => None,
                 },
-                sm_util_percent: util.get(&p.pid).map(|(_, u)| *u),
+                // NVML gives idle processes no sample: they read 0.
+                sm_util_percent: util.as_ref().map(|u| u.get(&p.pid).copied().unwrap_or(0)),
                 gpu_instance_id: p.gpu_instance_id,
                 compute_instance_id: p.compute_instance_id,
                 alive: self
@@ -410,5 +455,28 @@ impl Shared {
             }
         }
         m
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_reader_sees_the_newest_samples_and_idle_processes_age_out() {
+        let mut card = UtilSamples::default();
+        assert_eq!(card.newest(), None);
+        card.add([(1, 1_000_000, 40), (2, 1_000_000, 10)].into_iter());
+        card.add([(1, 2_000_000, 55)].into_iter());
+        assert_eq!(card.newest(), Some(2_000_000));
+        // Read twice: the second reader sees what the first did.
+        let first = card.at(2_500_000);
+        assert_eq!(first, card.at(2_500_000));
+        assert_eq!(first, BTreeMap::from([(1, 55), (2, 10)]));
+        // An older sample never replaces a newer one.
+        card.add([(1, 1_500_000, 99)].into_iter());
+        assert_eq!(card.at(2_500_000)[&1], 55);
+        // Six seconds on, process 2 has had no sample for longer than a sample counts.
+        assert_eq!(card.at(6_500_000), BTreeMap::from([(1, 55)]));
     }
 }

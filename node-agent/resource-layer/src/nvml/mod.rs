@@ -131,8 +131,9 @@ struct Shared {
     changes: Mutex<()>,
     /// The last XID of each card, for the metrics.
     last_xid: Mutex<BTreeMap<u32, u32>>,
-    /// The newest process-utilisation sample seen per card, so the next read asks for newer.
-    util_seen: Mutex<BTreeMap<u32, u64>>,
+    /// Per-process utilisation samples read so far, per card: every reader sees them, not only
+    /// the first to ask NVML for the newest.
+    util: Mutex<BTreeMap<u32, metrics::UtilSamples>>,
     /// Why processes' liveness is not checked, when it is not.
     liveness_unavailable: Option<String>,
     /// PIDs found dead on the previous health poll, per card.
@@ -206,7 +207,7 @@ impl NvmlBackend {
             ledger: Mutex::new(ledger),
             changes: Mutex::new(()),
             last_xid: Mutex::new(BTreeMap::new()),
-            util_seen: Mutex::new(BTreeMap::new()),
+            util: Mutex::new(BTreeMap::new()),
             dead_seen: Mutex::new(BTreeMap::new()),
             stop: AtomicBool::new(false),
         });
