@@ -121,6 +121,7 @@ impl Card {
                 ..Readings::default()
             },
             gpm: true,
+            gpm_samples: 0,
             supported_events: crate::XID_EVENT | crate::DBE_EVENT,
             cpu_affinity: vec![0xffff_ffff],
         }

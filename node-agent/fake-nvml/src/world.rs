@@ -53,6 +53,8 @@ pub struct Card {
     pub readings: Readings,
     /// GPM (Hopper and newer).
     pub gpm: bool,
+    /// GPM samples taken of the card so far.
+    pub gpm_samples: u64,
     /// The event types the card supports (NVML's bit mask).
     pub supported_events: u64,
     /// NVML's CPU-affinity mask words.

@@ -573,3 +573,37 @@ fn process_utilisation_is_seen_by_every_reader_and_idle_processes_read_zero() {
         "the second reader sees the sample too"
     );
 }
+
+#[test]
+fn gpm_ratios_come_from_one_sample_per_read_over_the_time_between_reads() {
+    let mut world = World::h100(1);
+    world.cards[0].readings.gpm_percent = [50.0, 40.0, 30.0, 20.0, 10.0];
+    let (fake, backend) = backend(&world);
+    let first = backend.device_metrics(&[0], false).expect("metrics");
+    assert_eq!(
+        first.devices[0].sm_active, None,
+        "one sample says nothing yet"
+    );
+    // GPM ratios are computed over at least a second.
+    std::thread::sleep(Duration::from_millis(1_100));
+    let second = backend.device_metrics(&[0], false).expect("metrics");
+    let m = &second.devices[0];
+    assert_eq!(
+        (
+            m.gr_engine_active,
+            m.sm_active,
+            m.sm_occupancy,
+            m.pipe_tensor_active,
+            m.dram_active
+        ),
+        (Some(0.5), Some(0.4), Some(0.3), Some(0.2), Some(0.1))
+    );
+    // A read soon after repeats them without a sample of its own.
+    let third = backend.device_metrics(&[0], false).expect("metrics");
+    assert_eq!(third.devices[0].sm_active, Some(0.4));
+    let taken = fake.world().expect("world").cards[0].gpm_samples;
+    assert_eq!(
+        taken, 2,
+        "one sample per read that needed one, none to wait between"
+    );
+}

@@ -2,7 +2,7 @@
 //! `nvmlEventSetWait_v2` hands out the world's waiting events of registered cards, oldest
 //! first. GPM samples carry their card and time; metrics come from the card's readings.
 
-use super::{INVALID, NOT_SUPPORTED, OK, Ret, put, query, ret};
+use super::{INVALID, NOT_SUPPORTED, OK, Ret, change, put, query, ret};
 use crate::handles;
 use crate::state::{self, Changed};
 use nvml_wrapper_sys::bindings as nv;
@@ -167,19 +167,23 @@ pub unsafe extern "C" fn nvmlGpmSampleGet(
     device: nv::nvmlDevice_t,
     sample: nv::nvmlGpmSample_t,
 ) -> Ret {
-    ret(query("nvmlGpmSampleGet", device, |_, card, _| {
-        if !card.gpm {
-            return Err(NOT_SUPPORTED);
-        }
-        if sample.is_null() {
-            return Err(INVALID);
-        }
-        // SAFETY: a live sample from `nvmlGpmSampleAlloc`.
-        let s = unsafe { &mut *sample.cast::<Sample>() };
-        s.card = handles::device(device).map(|d| d.card());
-        s.taken = Some(Instant::now());
-        Ok(())
-    }))
+    ret((|| {
+        let index = handles::device(device).ok_or(INVALID)?.card();
+        change("nvmlGpmSampleGet", index, |card| {
+            if !card.gpm {
+                return Err(NOT_SUPPORTED);
+            }
+            if sample.is_null() {
+                return Err(INVALID);
+            }
+            card.gpm_samples += 1;
+            // SAFETY: a live sample from `nvmlGpmSampleAlloc`.
+            let s = unsafe { &mut *sample.cast::<Sample>() };
+            s.card = Some(index);
+            s.taken = Some(Instant::now());
+            Ok(())
+        })
+    })())
 }
 
 #[unsafe(no_mangle)]

@@ -10,19 +10,18 @@ use crate::error::LayerError;
 use crate::instances::{InstanceRecord, ShareSpec};
 use crate::sysfs::Sysfs;
 use crate::util::lock;
+use nvml_wrapper::Device;
 use nvml_wrapper::enum_wrappers::device::{
     Clock as NvClock, EccCounter, MemoryError, PcieUtilCounter, PerformancePolicy, RetirementCause,
     TemperatureSensor,
 };
 use nvml_wrapper::enums::device::UsedGpuMemory;
-use nvml_wrapper::enums::gpm::GpmMetricId;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::sys_exports::field_id;
-use nvml_wrapper::{Device, GpmSample};
-use nvml_wrapper_sys::bindings::NVML_NVLINK_MAX_LINKS;
+use nvml_wrapper_sys::bindings::{self as nv, NVML_NVLINK_MAX_LINKS};
 use runtimekit_proto::resource::v1alpha1 as pb;
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How long a process's utilisation sample counts: the driver samples every few hundred
 /// milliseconds, and a process with no newer sample has been idle since.
@@ -68,6 +67,16 @@ fn now_us() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
+/// The shortest time GPM ratios are computed over.
+const GPM_INTERVAL: Duration = Duration::from_secs(1);
+
+/// A card's GPM state: its last sample with when it was taken, and the last ratios.
+#[derive(Debug, Default)]
+pub(super) struct GpmCard {
+    pub(super) previous: Option<(raw::GpmBuffer, Instant)>,
+    ratios: Option<[Option<f64>; 5]>,
 }
 
 /// What field values say of a card's memory and NVLink links.
@@ -283,50 +292,60 @@ impl Shared {
         }
     }
 
-    /// One GPM sample of a card, under the hang watch.
-    fn gpm_sample<'a>(&'a self, index: u32, dev: &Device<'a>) -> Option<GpmSample<'a>> {
-        self.watch
-            .call(index, &self.uuid_of(index), || dev.gpm_sample())
-            .ok()
-    }
-
-    /// GPM ratios (graphics, SM active, SM occupancy, tensor, DRAM) for the cards that have
-    /// GPM, from two samples 100 ms apart.
-    fn gpm_ratios<'a>(&'a self, cards: &[u32]) -> BTreeMap<u32, [Option<f64>; 5]> {
-        let metrics = [
-            GpmMetricId::GraphicsUtil,
-            GpmMetricId::SmUtil,
-            GpmMetricId::SmOccupancy,
-            GpmMetricId::AnyTensorUtil,
-            GpmMetricId::DramBwUtil,
+    /// GPM ratios (graphics, SM active, SM occupancy, tensor, DRAM) of the cards that have
+    /// GPM, over the time since each card's previous sample: one sample per card and call,
+    /// never a wait. A card's first call has none; a call less than [`GPM_INTERVAL`] after the
+    /// previous sample repeats the last ratios (shorter intervals are noise).
+    fn gpm_ratios(&self, cards: &[u32]) -> BTreeMap<u32, [Option<f64>; 5]> {
+        let ids = [
+            nv::nvmlGpmMetricId_t_NVML_GPM_METRIC_GRAPHICS_UTIL,
+            nv::nvmlGpmMetricId_t_NVML_GPM_METRIC_SM_UTIL,
+            nv::nvmlGpmMetricId_t_NVML_GPM_METRIC_SM_OCCUPANCY,
+            nv::nvmlGpmMetricId_t_NVML_GPM_METRIC_ANY_TENSOR_UTIL,
+            nv::nvmlGpmMetricId_t_NVML_GPM_METRIC_DRAM_BW_UTIL,
         ];
-        let devices: Vec<(u32, Device<'a>)> = cards
-            .iter()
-            .filter_map(|&i| Some((i, self.nvml.device_by_index(i).ok()?)))
-            .filter(|(_, d)| d.gpm_support().unwrap_or(false))
-            .collect();
-        let sample = |i: u32, d: &Device<'a>| self.gpm_sample(i, d);
-        let first: Vec<_> = devices
-            .iter()
-            .filter_map(|(i, d)| Some((*i, d, sample(*i, d)?)))
-            .collect();
-        if first.is_empty() {
-            return BTreeMap::new();
-        }
-        std::thread::sleep(Duration::from_millis(100));
-        first
-            .into_iter()
-            .filter_map(|(i, d, s1)| {
-                let s2 = sample(i, d)?;
-                let values =
-                    nvml_wrapper::gpm::gpm_metrics_get(&self.nvml, &s1, &s2, &metrics).ok()?;
-                let mut out = [None; 5];
-                for (slot, v) in out.iter_mut().zip(values) {
-                    *slot = v.ok().map(|m| (m.value / 100.0).clamp(0.0, 1.0));
+        let mut out = BTreeMap::new();
+        for &index in cards {
+            let Ok(dev) = self.nvml.device_by_index(index) else {
+                continue;
+            };
+            if !dev.gpm_support().unwrap_or(false) {
+                continue;
+            }
+            let mut gpm = lock(&self.gpm);
+            let card = gpm.entry(index).or_default();
+            let due = card
+                .previous
+                .as_ref()
+                .is_none_or(|(_, at)| at.elapsed() >= GPM_INTERVAL);
+            if due {
+                let Ok(buffer) = raw::gpm_alloc(&self.nvml) else {
+                    continue;
+                };
+                let taken = self.watch.call(index, &self.uuid_of(index), || {
+                    raw::gpm_take(&self.nvml, &dev, &buffer)
+                });
+                if taken.is_err() {
+                    raw::gpm_free(&self.nvml, buffer);
+                    continue;
                 }
-                Some((i, out))
-            })
-            .collect()
+                if let Some((previous, _)) = card.previous.take() {
+                    if let Ok(values) = raw::gpm_metrics(&self.nvml, &previous, &buffer, &ids) {
+                        let mut ratios = [None; 5];
+                        for (slot, v) in ratios.iter_mut().zip(values) {
+                            *slot = v.map(|m| (m / 100.0).clamp(0.0, 1.0));
+                        }
+                        card.ratios = Some(ratios);
+                    }
+                    raw::gpm_free(&self.nvml, previous);
+                }
+                card.previous = Some((buffer, Instant::now()));
+            }
+            if let Some(ratios) = card.ratios {
+                out.insert(index, ratios);
+            }
+        }
+        out
     }
 
     /// The metrics of the selected cards; a card that cannot be read is listed under `errors`.

@@ -98,6 +98,11 @@ pub struct NvmlBackend {
 impl Drop for NvmlBackend {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);
+        for (_, card) in std::mem::take(&mut *util::lock(&self.shared.gpm)) {
+            if let Some((buffer, _)) = card.previous {
+                raw::gpm_free(&self.shared.nvml, buffer);
+            }
+        }
     }
 }
 
@@ -134,6 +139,8 @@ struct Shared {
     /// Per-process utilisation samples read so far, per card: every reader sees them, not only
     /// the first to ask NVML for the newest.
     util: Mutex<BTreeMap<u32, metrics::UtilSamples>>,
+    /// Each GPM card's last sample and ratios.
+    gpm: Mutex<BTreeMap<u32, metrics::GpmCard>>,
     /// Why processes' liveness is not checked, when it is not.
     liveness_unavailable: Option<String>,
     /// PIDs found dead on the previous health poll, per card.
@@ -208,6 +215,7 @@ impl NvmlBackend {
             changes: Mutex::new(()),
             last_xid: Mutex::new(BTreeMap::new()),
             util: Mutex::new(BTreeMap::new()),
+            gpm: Mutex::new(BTreeMap::new()),
             dead_seen: Mutex::new(BTreeMap::new()),
             stop: AtomicBool::new(false),
         });

@@ -417,6 +417,77 @@ fn field_u64(value: &nvmlFieldValue_t) -> Option<u64> {
     }
 }
 
+/// A GPM sample buffer the driver allocated, named by its address. It outlives any one call
+/// (the backend keeps each card's last sample), so it is freed explicitly with [`gpm_free`].
+#[derive(Debug, PartialEq, Eq)]
+pub struct GpmBuffer(usize);
+
+/// Allocates a GPM sample buffer.
+pub fn gpm_alloc(nvml: &Nvml) -> Result<GpmBuffer, NvmlError> {
+    let sym = nvml_sym(nvml.lib().nvmlGpmSampleAlloc.as_ref())?;
+    let mut sample: nv::nvmlGpmSample_t = ptr::null_mut();
+    // SAFETY: `sample` is a valid out-pointer.
+    unsafe { nvml_try(sym(&mut sample))? };
+    Ok(GpmBuffer(sample as usize))
+}
+
+/// Frees a GPM sample buffer.
+pub fn gpm_free(nvml: &Nvml, buffer: GpmBuffer) {
+    if let Ok(sym) = nvml_sym(nvml.lib().nvmlGpmSampleFree.as_ref()) {
+        // SAFETY: the buffer came from `gpm_alloc` and is freed once (it is consumed).
+        let _ = unsafe { sym(buffer.0 as nv::nvmlGpmSample_t) };
+    }
+}
+
+/// Takes a GPM sample of the card into `buffer`.
+pub fn gpm_take(nvml: &Nvml, device: &Device<'_>, buffer: &GpmBuffer) -> Result<(), NvmlError> {
+    let sym = nvml_sym(nvml.lib().nvmlGpmSampleGet.as_ref())?;
+    // SAFETY: the buffer is live (from `gpm_alloc`, not yet freed).
+    unsafe { nvml_try(sym(handle(device), buffer.0 as nv::nvmlGpmSample_t)) }
+}
+
+/// GPM metrics `ids` over the time between two samples of one card; each is `None` when the
+/// driver refused it.
+pub fn gpm_metrics(
+    nvml: &Nvml,
+    first: &GpmBuffer,
+    second: &GpmBuffer,
+    ids: &[u32],
+) -> Result<Vec<Option<f64>>, NvmlError> {
+    let sym = nvml_sym(nvml.lib().nvmlGpmMetricsGet.as_ref())?;
+    let empty = nv::nvmlGpmMetric_t {
+        metricId: 0,
+        nvmlReturn: nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED,
+        value: 0.0,
+        metricInfo: nv::nvmlGpmMetric_t__bindgen_ty_1 {
+            shortName: ptr::null_mut(),
+            longName: ptr::null_mut(),
+            unit: ptr::null_mut(),
+        },
+    };
+    let mut get = Box::new(nv::nvmlGpmMetricsGet_t {
+        version: nv::NVML_GPM_METRICS_GET_VERSION,
+        numMetrics: u32::try_from(ids.len()).map_err(|_| NvmlError::InvalidArg)?,
+        sample1: first.0 as nv::nvmlGpmSample_t,
+        sample2: second.0 as nv::nvmlGpmSample_t,
+        metrics: [empty; 210],
+    });
+    if ids.len() > get.metrics.len() {
+        return Err(NvmlError::InvalidArg);
+    }
+    for (slot, &id) in get.metrics.iter_mut().zip(ids) {
+        slot.metricId = id;
+    }
+    // SAFETY: `get` is a valid, versioned structure naming two live samples.
+    unsafe { nvml_try(sym(&mut *get))? };
+    Ok(get
+        .metrics
+        .iter()
+        .take(ids.len())
+        .map(|m| (m.nvmlReturn == nvmlReturn_enum_NVML_SUCCESS).then_some(m.value))
+        .collect())
+}
+
 /// The GPU-instance ID of a MIG device handle.
 pub fn gpu_instance_id(nvml: &Nvml, mig_device: &Device<'_>) -> Result<u32, NvmlError> {
     let sym = nvml_sym(nvml.lib().nvmlDeviceGetGpuInstanceId.as_ref())?;
