@@ -115,6 +115,18 @@ pub fn gpu_lost() -> NewFault {
     }
 }
 
+/// The card's XID and ECC events cannot be watched (its event types cannot be read, or it
+/// refuses the registration): a warning, since nothing is known to be wrong with the card.
+pub fn events_unwatched(error: &str) -> NewFault {
+    NewFault {
+        kind: FaultKind::EventsUnwatched,
+        severity: Severity::Warning,
+        xid: 0,
+        reason: format!("the card's XID events cannot be watched: {error}"),
+        health_watch: "DRIVER",
+    }
+}
+
 /// A hardware call on the card has not returned.
 pub fn call_hang(waited_ms: u64) -> NewFault {
     NewFault {

@@ -607,3 +607,130 @@ fn gpm_ratios_come_from_one_sample_per_read_over_the_time_between_reads() {
         "one sample per read that needed one, none to wait between"
     );
 }
+
+#[test]
+fn a_hung_create_holds_up_only_its_own_card() {
+    let mut world = World::h100(2);
+    world.cards[0] = Card::h100(0).mig_on();
+    world.cards[1] = Card::h100(1).mig_on();
+    world.faults.push(CallFault::hang(
+        "nvmlDeviceCreateGpuInstanceWithPlacement",
+        Some(0),
+        4_000,
+    ));
+    let (_fake, backend) = backend(&world);
+    let backend = std::sync::Arc::new(backend);
+    let finished = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let hung = {
+        let (backend, finished) = (backend.clone(), finished.clone());
+        std::thread::spawn(move || {
+            let created = backend.create_instance(mig_request("pod-0", 0, "3g.40gb", 0));
+            finished.store(true, std::sync::atomic::Ordering::SeqCst);
+            created
+        })
+    };
+    wait_until("the hung create to be reported", || {
+        has_fault(&backend, 0, pb::FaultKind::CallHang)
+    });
+    backend
+        .create_instance(mig_request("pod-1", 1, "3g.40gb", 0))
+        .expect("card 1 is not held up");
+    assert!(
+        !finished.load(std::sync::atomic::Ordering::SeqCst),
+        "card 1's create returned while card 0's was still hung"
+    );
+    hung.join()
+        .expect("join")
+        .expect("card 0's create finishes once the call returns");
+    wait_until("the hang to clear", || {
+        !has_fault(&backend, 0, pb::FaultKind::CallHang)
+    });
+}
+
+#[test]
+fn a_hung_poll_of_one_card_blinds_no_xid_watch() {
+    let (fake, backend) = backend(&World::h100(2));
+    fake.edit(|w| {
+        let mut hang = CallFault::hang("nvmlDeviceGetMemoryInfo_v2", Some(0), 30_000);
+        hang.times = Some(1);
+        w.faults.push(hang);
+    })
+    .expect("edit");
+    wait_until("card 0's poll to hang", || {
+        has_fault(&backend, 0, pb::FaultKind::CallHang)
+    });
+    fake.edit(|w| w.events.push(Event::xid(1, 48)))
+        .expect("edit");
+    wait_until("card 1's XID while card 0 hangs", || {
+        backend
+            .health()
+            .faults_of(1)
+            .iter()
+            .any(|f| f.kind() == pb::FaultKind::Xid && f.xid == 48)
+    });
+    // Card 1's own poll goes on too.
+    fake.edit(|w| w.cards[1].readings.ecc_dbe_volatile = 2)
+        .expect("edit");
+    wait_until("card 1's ECC errors", || {
+        has_fault(&backend, 1, pb::FaultKind::EccDbe)
+    });
+}
+
+#[test]
+fn a_hung_destroy_is_reported() {
+    let mut world = World::h100(1);
+    world.cards[0] = Card::h100(0).mig_on();
+    let (fake, backend) = backend(&world);
+    backend
+        .create_instance(mig_request("pod-a", 0, "3g.40gb", 0))
+        .expect("create");
+    fake.edit(|w| {
+        let mut hang = CallFault::hang("nvmlGpuInstanceDestroy", Some(0), 1_500);
+        hang.times = Some(1);
+        w.faults.push(hang);
+    })
+    .expect("edit");
+    let backend = std::sync::Arc::new(backend);
+    let destroying = {
+        let backend = backend.clone();
+        std::thread::spawn(move || backend.destroy_instance(DestroyTarget::Key("pod-a".into())))
+    };
+    wait_until("the hung destroy to be reported", || {
+        has_fault(&backend, 0, pb::FaultKind::CallHang)
+    });
+    assert!(destroying.join().expect("join").expect("destroyed").existed);
+}
+
+#[test]
+fn a_hung_init_fails_clearly() {
+    let mut world = World::h100(1);
+    world
+        .faults
+        .push(CallFault::hang("nvmlInit_v2", None, 5_000));
+    let fake = FakeNvml::install(&world).expect("install");
+    let error = NvmlBackend::new(NvmlOptions {
+        init_timeout: Duration::from_millis(300),
+        ..options(&fake)
+    })
+    .expect_err("init hangs");
+    assert!(error.to_string().contains("did not initialise"), "{error}");
+}
+
+#[test]
+fn a_card_whose_event_types_cannot_be_read_is_marked() {
+    let mut world = World::h100(2);
+    world.faults.push(CallFault::error(
+        "nvmlDeviceGetSupportedEventTypes",
+        Some(1),
+        "UNKNOWN",
+    ));
+    let (_fake, backend) = backend(&world);
+    wait_until("card 1 to be marked", || {
+        has_fault(&backend, 1, pb::FaultKind::EventsUnwatched)
+    });
+    assert!(
+        backend.health().healthy(1),
+        "a warning: the card stays usable"
+    );
+    assert!(!has_fault(&backend, 0, pb::FaultKind::EventsUnwatched));
+}

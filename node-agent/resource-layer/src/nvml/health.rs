@@ -20,7 +20,8 @@ use runtimekit_proto::resource::v1alpha1 as pb;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::sync::mpsc;
+use std::time::Duration;
 
 /// Dead-process bookkeeping: a process is reported dead only when two polls in a row found
 /// it holding memory with no process behind it (one that just exited may still be listed).
@@ -155,26 +156,43 @@ impl Shared {
         }
     }
 
-    /// An event set with XID and DBE events of every card that supports them.
+    /// An event set with XID and DBE events of every card that supports them. A card whose
+    /// event types cannot be read, or that refuses the registration, gets an EVENTS_UNWATCHED
+    /// warning: its XIDs go unseen, and that must show.
     fn event_set(&self) -> Option<EventSet<'_>> {
         let wanted = EventTypes::CRITICAL_XID_ERROR | EventTypes::DOUBLE_BIT_ECC_ERROR;
         let mut set = self.nvml.create_event_set().ok()?;
         let mut registered: Vec<(u32, EventTypes)> = Vec::new();
         for index in 0..self.count {
+            let uuid = self.uuid_of(index);
             let Ok(dev) = self.nvml.device_by_index(index) else {
                 continue;
             };
-            let events = wanted & dev.supported_event_types().unwrap_or(EventTypes::empty());
+            let supported = self
+                .watch
+                .call(index, &uuid, || dev.supported_event_types());
+            let events = match supported {
+                Ok(types) => wanted & types,
+                Err(error) => {
+                    self.hub
+                        .raise(index, &uuid, faults::events_unwatched(&error.to_string()));
+                    continue;
+                }
+            };
             if events.is_empty() {
                 continue;
             }
-            match dev.register_events(events, set) {
+            match self
+                .watch
+                .call(index, &uuid, || dev.register_events(events, set))
+            {
                 Ok(s) => {
                     set = s;
                     registered.push((index, events));
                 }
                 Err(error) => {
-                    tracing::warn!(card = index, %error, "cannot watch the card's XID events");
+                    self.hub
+                        .raise(index, &uuid, faults::events_unwatched(&error.to_string()));
                     // A failed registration frees the set: start over without this card.
                     set = self.nvml.create_event_set().ok()?;
                     for &(i, ev) in &registered {
@@ -188,33 +206,71 @@ impl Shared {
         Some(set)
     }
 
-    /// Waits for NVML events and polls every `poll_interval` until the backend is dropped.
-    pub(super) fn health_loop(self: Arc<Self>) {
+    /// Starts the health threads: one that waits for events, and one poll per card, so a
+    /// card whose calls hang holds up neither the other cards' polls nor anyone's XIDs.
+    pub(super) fn start_health(self: &Arc<Self>) {
+        let mut wakers = lock(&self.wakers);
+        for index in 0..self.count {
+            let (wake, woken) = mpsc::channel();
+            let shared = self.clone();
+            let spawned = std::thread::Builder::new()
+                .name(format!("rl-nvml-poll-{index}"))
+                .spawn(move || shared.poll_loop(index, &woken));
+            match spawned {
+                Ok(_) => wakers.push(wake),
+                Err(error) => {
+                    tracing::error!(card = index, %error, "cannot start the card's health poll");
+                }
+            }
+        }
+        drop(wakers);
+        let shared = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name("rl-nvml-events".into())
+            .spawn(move || shared.event_loop());
+        if let Err(error) = spawned {
+            tracing::error!(%error, "cannot start the NVML event thread; XIDs are not watched");
+        }
+    }
+
+    /// Polls card `index` every `poll_interval`, and at once when woken, until the backend is
+    /// dropped.
+    fn poll_loop(&self, index: u32, woken: &mpsc::Receiver<()>) {
+        while !self.stop.load(Ordering::SeqCst) {
+            match woken.recv_timeout(self.options.poll_interval) {
+                Ok(()) | Err(mpsc::RecvTimeoutError::Timeout) => self.poll_card(index),
+                Err(mpsc::RecvTimeoutError::Disconnected) => return,
+            }
+        }
+    }
+
+    /// Asks card `index`'s poll to run now.
+    fn wake_poll(&self, index: u32) {
+        if let Some(wake) = lock(&self.wakers).get(index as usize) {
+            let _ = wake.send(());
+        }
+    }
+
+    /// Waits for NVML events until the backend is dropped.
+    fn event_loop(&self) {
         let set = self.event_set();
         if set.is_none() {
             tracing::warn!("no NVML event set: XIDs are not watched, the rest is polled");
+            return;
         }
-        let mut next_poll = Instant::now() + self.options.poll_interval;
         while !self.stop.load(Ordering::SeqCst) {
-            match &set {
-                Some(set) => match raw::wait_event(&self.nvml, set, 500) {
-                    Ok(event) => self.on_event(&event),
-                    Err(NvmlError::Timeout) => {}
-                    Err(NvmlError::GpuLost) => {
-                        // Some card fell off the bus: the poll finds which.
-                        tracing::warn!("waiting for NVML events: a card is lost");
-                        next_poll = Instant::now();
-                    }
-                    Err(error) => {
-                        tracing::debug!(%error, "waiting for NVML events failed");
-                        std::thread::sleep(Duration::from_millis(500));
-                    }
-                },
-                None => std::thread::sleep(Duration::from_millis(500)),
-            }
-            if Instant::now() >= next_poll {
-                self.poll_health();
-                next_poll = Instant::now() + self.options.poll_interval;
+            match set.as_ref().map(|s| raw::wait_event(&self.nvml, s, 500)) {
+                Some(Ok(event)) => self.on_event(&event),
+                Some(Err(NvmlError::Timeout)) | None => {}
+                Some(Err(NvmlError::GpuLost)) => {
+                    // Some card fell off the bus: the polls find which.
+                    tracing::warn!("waiting for NVML events: a card is lost");
+                    (0..self.count).for_each(|i| self.wake_poll(i));
+                }
+                Some(Err(error)) => {
+                    tracing::debug!(%error, "waiting for NVML events failed");
+                    std::thread::sleep(Duration::from_millis(500));
+                }
             }
         }
     }
@@ -243,7 +299,7 @@ impl Shared {
                 data = event.data,
                 "an NVML event names no card this backend knows; polling every card"
             );
-            self.poll_health();
+            (0..self.count).for_each(|i| self.wake_poll(i));
             return;
         };
         let uuid = self.uuid_of(index);
@@ -254,7 +310,7 @@ impl Shared {
             self.hub.raise(index, &uuid, faults::xid(code));
         }
         if kind.contains(EventTypes::DOUBLE_BIT_ECC_ERROR) {
-            self.poll_card(index);
+            self.wake_poll(index);
         }
     }
 }

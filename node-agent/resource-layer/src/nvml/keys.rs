@@ -96,7 +96,7 @@ impl Shared {
     ) -> Result<pb::CreateInstanceResponse, LayerError> {
         let index = request.device_index;
         self.check_device(index, request.device_uuid.as_deref())?;
-        let _changes = lock(&self.changes);
+        let _changes = self.card_changes(index);
         let uuid = self.uuid_of(index);
         let dev = self.dev(index)?;
         let (on_card, profiles) = self.instances_on(&dev, index, &uuid)?;
@@ -234,12 +234,12 @@ impl Shared {
         )
     }
 
-    /// Destroys an instance by key, or an unkeyed MIG instance by card and GPU-instance ID.
+    /// Destroys an instance by key, or an unkeyed MIG instance by card and GPU-instance ID,
+    /// under the hang watch and the card's change lock (a hung call holds up only its card).
     pub(super) fn destroy(
         &self,
         target: DestroyTarget,
     ) -> Result<pb::DestroyInstanceResponse, LayerError> {
-        let _changes = lock(&self.changes);
         let (index, gi, record) = match &target {
             DestroyTarget::Key(key) => {
                 let found = lock(&self.ledger)
@@ -270,11 +270,24 @@ impl Shared {
             }
         };
         let uuid = self.uuid_of(index);
+        let _changes = self.card_changes(index);
+        self.watch
+            .call(index, &uuid, || self.destroy_on(index, &uuid, gi, record))
+    }
+
+    /// Destroys the GPU instance `gi` (if any) on card `index` and forgets its record.
+    fn destroy_on(
+        &self,
+        index: u32,
+        uuid: &str,
+        gi: Option<u32>,
+        record: Option<InstanceRecord>,
+    ) -> Result<pb::DestroyInstanceResponse, LayerError> {
         let mut destroyed = record.clone();
         if let Some(gi) = gi {
             let dev = self.dev(index)?;
             if destroyed.is_none() {
-                let (on_card, _) = self.instances_on(&dev, index, &uuid)?;
+                let (on_card, _) = self.instances_on(&dev, index, uuid)?;
                 destroyed = on_card
                     .into_iter()
                     .find(|r| r.mig.as_ref().map(|m| m.gpu_instance_id) == Some(gi));
@@ -283,7 +296,7 @@ impl Shared {
                 NvmlError::InUse => LayerError::InUse {
                     what: format!("GPU instance {gi} on card {index}"),
                 },
-                e => call_error("nvmlGpuInstanceDestroy", index, &uuid, e),
+                e => call_error("nvmlGpuInstanceDestroy", index, uuid, e),
             })?;
             if !existed && record.is_none() {
                 return Ok(pb::DestroyInstanceResponse {

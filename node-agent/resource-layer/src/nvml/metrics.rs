@@ -309,7 +309,12 @@ impl Shared {
             let Ok(dev) = self.nvml.device_by_index(index) else {
                 continue;
             };
-            if !dev.gpm_support().unwrap_or(false) {
+            let uuid = self.uuid_of(index);
+            if !self
+                .watch
+                .call(index, &uuid, || dev.gpm_support())
+                .unwrap_or(false)
+            {
                 continue;
             }
             let mut gpm = lock(&self.gpm);
@@ -322,9 +327,9 @@ impl Shared {
                 let Ok(buffer) = raw::gpm_alloc(&self.nvml) else {
                     continue;
                 };
-                let taken = self.watch.call(index, &self.uuid_of(index), || {
-                    raw::gpm_take(&self.nvml, &dev, &buffer)
-                });
+                let taken = self
+                    .watch
+                    .call(index, &uuid, || raw::gpm_take(&self.nvml, &dev, &buffer));
                 if taken.is_err() {
                     raw::gpm_free(&self.nvml, buffer);
                     continue;

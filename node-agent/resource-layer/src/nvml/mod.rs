@@ -67,6 +67,9 @@ pub struct NvmlOptions {
     pub hang_threshold: Duration,
     /// How often ECC, remapped rows, lost cards and dead processes are polled.
     pub poll_interval: Duration,
+    /// How long loading and initialising NVML may take before the backend gives up (the
+    /// driver can hang in `nvmlInit` when a card is in a bad state).
+    pub init_timeout: Duration,
     /// Check that processes holding card memory still exist; done only in the host PID
     /// namespace, where the driver's PIDs can be looked up.
     pub check_process_liveness: bool,
@@ -83,6 +86,7 @@ impl Default for NvmlOptions {
             sysfs_root: PathBuf::from("/sys"),
             hang_threshold: Duration::from_secs(5),
             poll_interval: Duration::from_secs(10),
+            init_timeout: Duration::from_secs(60),
             check_process_liveness: true,
             pid_namespace: PathBuf::from("/proc/self/ns/pid"),
         }
@@ -132,8 +136,8 @@ struct Shared {
     device_nodes: DeviceNodes,
     /// Keyed instances: TDM shares, and the keys of MIG instances.
     ledger: Mutex<Vec<InstanceRecord>>,
-    /// Serialises creation and destruction.
-    changes: Mutex<()>,
+    /// Serialises creation and destruction on each card (a hung call holds up its card only).
+    changes: Vec<Mutex<()>>,
     /// The last XID of each card, for the metrics.
     last_xid: Mutex<BTreeMap<u32, u32>>,
     /// Per-process utilisation samples read so far, per card: every reader sees them, not only
@@ -145,7 +149,9 @@ struct Shared {
     liveness_unavailable: Option<String>,
     /// PIDs found dead on the previous health poll, per card.
     dead_seen: Mutex<BTreeMap<u32, BTreeSet<u32>>>,
-    /// Set when the backend is dropped; ends the health thread.
+    /// Wakes each card's health poll.
+    wakers: Mutex<Vec<std::sync::mpsc::Sender<()>>>,
+    /// Set when the backend is dropped; ends the health threads.
     stop: AtomicBool,
 }
 
@@ -154,11 +160,7 @@ impl NvmlBackend {
     /// library is missing and [`LayerError::DriverNotLoaded`] without the kernel driver.
     /// Changes nothing on the cards.
     pub fn new(options: NvmlOptions) -> Result<Self, LayerError> {
-        let nvml = match &options.lib_path {
-            Some(path) => Nvml::builder().lib_path(path.as_os_str()).init(),
-            None => Nvml::init(),
-        }
-        .map_err(init_error)?;
+        let nvml = init_within(options.lib_path.clone(), options.init_timeout)?;
         let count = nvml.device_count().map_err(|e| LayerError::Nvml {
             call: "nvmlDeviceGetCount_v2",
             index: None,
@@ -212,23 +214,49 @@ impl NvmlBackend {
             known,
             device_nodes,
             ledger: Mutex::new(ledger),
-            changes: Mutex::new(()),
+            changes: (0..count).map(|_| Mutex::new(())).collect(),
             last_xid: Mutex::new(BTreeMap::new()),
             util: Mutex::new(BTreeMap::new()),
             gpm: Mutex::new(BTreeMap::new()),
             dead_seen: Mutex::new(BTreeMap::new()),
+            wakers: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
         });
         shared.poll_health();
-        let events = shared.clone();
-        let spawned = std::thread::Builder::new()
-            .name("rl-nvml-health".into())
-            .spawn(move || events.health_loop());
-        if let Err(error) = spawned {
-            tracing::error!(%error, "cannot start the NVML health thread; faults are not watched");
-        }
+        shared.start_health();
         tracing::info!(cards = count, "NVML backend ready");
         Ok(Self { shared })
+    }
+}
+
+/// Loads and initialises NVML on a thread of its own, giving up after `timeout` (the thread
+/// is left behind: a hung `nvmlInit` cannot be cancelled).
+fn init_within(lib_path: Option<PathBuf>, timeout: Duration) -> Result<Nvml, LayerError> {
+    let (done, result) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("rl-nvml-init".into())
+        .spawn(move || {
+            let nvml = match &lib_path {
+                Some(path) => Nvml::builder().lib_path(path.as_os_str()).init(),
+                None => Nvml::init(),
+            };
+            let _ = done.send(nvml);
+        })
+        .map_err(|e| LayerError::Nvml {
+            call: "nvmlInit_v2",
+            index: None,
+            message: format!("cannot start a thread to load NVML: {e}"),
+        })?;
+    match result.recv_timeout(timeout) {
+        Ok(nvml) => nvml.map_err(init_error),
+        Err(_) => Err(LayerError::Nvml {
+            call: "nvmlInit_v2",
+            index: None,
+            message: format!(
+                "NVML did not initialise within {} s; the driver may be hung",
+                timeout.as_secs_f64()
+            ),
+        }),
     }
 }
 
@@ -266,6 +294,11 @@ impl Shared {
             }
             Err(e) => Err(call_error("nvmlDeviceGetHandleByIndex_v2", index, &uuid, e)),
         }
+    }
+
+    /// The change lock of card `index` (checked to exist by the caller).
+    fn card_changes(&self, index: u32) -> Option<std::sync::MutexGuard<'_, ()>> {
+        self.changes.get(index as usize).map(util::lock)
     }
 
     /// Raises GPU_LOST on a card: any call that answered GPU_IS_LOST says so.
