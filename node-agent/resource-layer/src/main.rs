@@ -89,10 +89,14 @@ struct BackendArgs {
     /// NVML: the sysfs root.
     #[arg(long, default_value = "/sys")]
     sysfs: PathBuf,
-    /// NVML: do not check that processes holding card memory still exist (for a resource
-    /// layer outside the host PID namespace).
+    /// NVML: do not check that processes holding card memory still exist (it is checked only
+    /// in the host PID namespace anyway).
     #[arg(long)]
     no_process_liveness: bool,
+    /// NVML: how long loading and initialising NVML may take, in seconds, before the resource
+    /// layer gives up with an error (the driver can hang there).
+    #[arg(long, default_value_t = 60)]
+    nvml_init_timeout_s: u64,
 }
 
 impl BackendArgs {
@@ -124,6 +128,7 @@ impl BackendArgs {
                 sysfs_root: self.sysfs.clone(),
                 hang_threshold,
                 check_process_liveness: !self.no_process_liveness,
+                init_timeout: Duration::from_secs(self.nvml_init_timeout_s),
                 ..NvmlOptions::default()
             })?),
         })
