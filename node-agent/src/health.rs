@@ -26,11 +26,13 @@ pub struct Transition {
 }
 
 fn same_fault(a: &pb::Fault, b: &pb::Fault) -> bool {
-    a.kind == b.kind && a.xid == b.xid
+    a.kind == b.kind && a.xid == b.xid && a.gpu_instance_id == b.gpu_instance_id
 }
 
+/// A fault that makes the card unhealthy: critical, and about the card rather than one of its
+/// MIG instances.
 fn critical(fault: &pb::Fault) -> bool {
-    fault.severity() == pb::Severity::Critical
+    fault.severity() == pb::Severity::Critical && fault.gpu_instance_id.is_none()
 }
 
 impl FaultState {
@@ -148,6 +150,22 @@ mod tests {
             fault: Some(fault),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_mig_instance_fault_leaves_the_card_healthy() {
+        let mut in_instance = fault(pb::FaultKind::Xid, 94, pb::Severity::Critical);
+        in_instance.gpu_instance_id = Some(2);
+        let mut state = FaultState::default();
+        state.apply(&event(0, true, in_instance.clone()));
+        assert!(state.healthy(0));
+        assert_eq!(state.faults(0).len(), 1, "it is listed");
+        // The same XID on the whole card is another fault, and a critical one.
+        state.apply(&event(0, true, fault(pb::FaultKind::Xid, 94, pb::Severity::Critical)));
+        assert!(!state.healthy(0));
+        assert_eq!(state.faults(0).len(), 2);
+        state.apply(&event(0, false, in_instance));
+        assert_eq!(state.faults(0).len(), 1, "clearing one leaves the other");
     }
 
     #[test]

@@ -15,6 +15,8 @@ pub struct NewFault {
     pub xid: u32,
     pub reason: String,
     pub health_watch: &'static str,
+    /// The MIG instance (GPU, compute) the driver attributed it to.
+    pub instance: Option<(u32, Option<u32>)>,
 }
 
 impl NewFault {
@@ -27,7 +29,16 @@ impl NewFault {
             xid: self.xid,
             since_unix_ms,
             health_watch: self.health_watch.to_string(),
+            gpu_instance_id: self.instance.map(|(gi, _)| gi),
+            compute_instance_id: self.instance.and_then(|(_, ci)| ci),
         }
+    }
+
+    /// The fault, attributed to a MIG instance (GPU instance, compute instance if known).
+    pub fn in_instance(mut self, gpu_instance: u32, compute_instance: Option<u32>) -> NewFault {
+        self.reason = format!("{} (MIG GPU instance {gpu_instance})", self.reason);
+        self.instance = Some((gpu_instance, compute_instance));
+        self
     }
 }
 
@@ -87,6 +98,7 @@ pub fn xid(code: u32) -> NewFault {
             format!("XID {code}: {meaning}")
         },
         health_watch: xid_watch(code),
+        instance: None,
     }
 }
 
@@ -101,6 +113,7 @@ pub fn ecc_dbe(count: u64) -> NewFault {
             if count == 1 { "" } else { "s" }
         ),
         health_watch: "MEM",
+        instance: None,
     }
 }
 
@@ -112,6 +125,7 @@ pub fn gpu_lost() -> NewFault {
         xid: 0,
         reason: "GPU has fallen off the bus or is otherwise inaccessible".into(),
         health_watch: "PCIE",
+        instance: None,
     }
 }
 
@@ -124,6 +138,7 @@ pub fn events_unwatched(error: &str) -> NewFault {
         xid: 0,
         reason: format!("the card's XID events cannot be watched: {error}"),
         health_watch: "DRIVER",
+        instance: None,
     }
 }
 
@@ -135,6 +150,7 @@ pub fn call_hang(waited_ms: u64) -> NewFault {
         xid: 0,
         reason: format!("a hardware call on the card has not returned for {waited_ms} ms"),
         health_watch: "DRIVER",
+        instance: None,
     }
 }
 
@@ -146,6 +162,7 @@ pub fn dead_process_memory(pid: u32, memory_mib: u64) -> NewFault {
         xid: 0,
         reason: format!("{memory_mib} MiB held by process {pid}, which no longer exists"),
         health_watch: "MEM",
+        instance: None,
     }
 }
 
@@ -157,6 +174,7 @@ pub fn row_remap_failure() -> NewFault {
         xid: 0,
         reason: "row remapping failed".into(),
         health_watch: "MEM",
+        instance: None,
     }
 }
 
@@ -174,6 +192,7 @@ pub fn row_remap_pending(uncorrectable: u64) -> NewFault {
             "a row remap is pending a GPU reset ({uncorrectable} uncorrectable rows remapped)"
         ),
         health_watch: "MEM",
+        instance: None,
     }
 }
 
@@ -185,6 +204,7 @@ pub fn retired_pages_pending() -> NewFault {
         xid: 0,
         reason: "pages are pending retirement (needs a GPU reset)".into(),
         health_watch: "MEM",
+        instance: None,
     }
 }
 

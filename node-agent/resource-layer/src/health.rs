@@ -16,8 +16,14 @@ use tokio::sync::broadcast;
 /// Events a slow subscriber may fall behind before its stream is ended.
 const CHANNEL_CAPACITY: usize = 1024;
 
-/// One fault of one card: card, kind, XID code (0 for other kinds).
-type FaultId = (u32, i32, u32);
+/// One fault of one card: card, kind, XID code (0 for other kinds), MIG GPU instance
+/// (`u32::MAX` for the whole card).
+type FaultId = (u32, i32, u32, u32);
+
+/// Every fault of card `device`.
+fn of_card(device: u32) -> std::ops::RangeInclusive<FaultId> {
+    (device, i32::MIN, 0, 0)..=(device, i32::MAX, u32::MAX, u32::MAX)
+}
 
 /// The active faults and their change stream.
 #[derive(Debug)]
@@ -35,14 +41,11 @@ struct HubState {
 
 impl HubState {
     fn healthy(&self, device: u32) -> bool {
-        !self
-            .active
-            .range((device, i32::MIN, 0)..=(device, i32::MAX, u32::MAX))
-            .any(|(_, f)| {
-                f.fault
-                    .as_ref()
-                    .is_some_and(|f| f.severity() == Severity::Critical)
-            })
+        !self.active.range(of_card(device)).any(|(_, f)| {
+            f.fault
+                .as_ref()
+                .is_some_and(|f| f.severity() == Severity::Critical && f.gpu_instance_id.is_none())
+        })
     }
 }
 
@@ -59,7 +62,12 @@ impl HealthHub {
 
     /// Raises a fault on a card; returns whether it is new (and an event was sent).
     pub fn raise(&self, device: u32, uuid: &str, fault: NewFault) -> bool {
-        let id = (device, fault.kind as i32, fault.xid);
+        let id = (
+            device,
+            fault.kind as i32,
+            fault.xid,
+            fault.instance.map_or(u32::MAX, |(gi, _)| gi),
+        );
         let mut state = lock(&self.state);
         if state.active.contains_key(&id) {
             return false;
@@ -85,7 +93,7 @@ impl HealthHub {
         let ids: Vec<FaultId> = state
             .active
             .keys()
-            .filter(|(d, k, x)| {
+            .filter(|(d, k, x, _)| {
                 *d == device
                     && kind.is_none_or(|kind| kind as i32 == *k)
                     && xid.is_none_or(|xid| xid == *x)
@@ -139,7 +147,7 @@ impl HealthHub {
     pub fn faults_of(&self, device: u32) -> Vec<Fault> {
         lock(&self.state)
             .active
-            .range((device, i32::MIN, 0)..=(device, i32::MAX, u32::MAX))
+            .range(of_card(device))
             .filter_map(|(_, f)| f.fault.clone())
             .collect()
     }
@@ -153,7 +161,8 @@ impl HealthHub {
     pub fn is_active(&self, device: u32, kind: FaultKind, xid: u32) -> bool {
         lock(&self.state)
             .active
-            .contains_key(&(device, kind as i32, xid))
+            .range(of_card(device))
+            .any(|((_, k, x, _), _)| *k == kind as i32 && *x == xid)
     }
 
     /// Every active fault now, with the sequence of the last event, and a receiver of the

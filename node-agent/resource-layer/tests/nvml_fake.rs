@@ -734,3 +734,41 @@ fn a_card_whose_event_types_cannot_be_read_is_marked() {
     );
     assert!(!has_fault(&backend, 0, pb::FaultKind::EventsUnwatched));
 }
+
+#[test]
+fn an_xid_the_driver_gives_a_mig_instance_faults_only_that_instance() {
+    let mut world = World::h100(1);
+    world.cards[0] = Card::h100(0).mig_on();
+    let (fake, backend) = backend_without_polls(&world);
+    backend
+        .create_instance(mig_request("pod-a", 0, "3g.40gb", 0))
+        .expect("create");
+    let gi = fake.world().expect("world").cards[0]
+        .mig
+        .as_ref()
+        .expect("mig")
+        .instances[0]
+        .id;
+    fake.edit(|w| {
+        w.events.push(Event {
+            gpu_instance_id: gi,
+            compute_instance_id: 0,
+            ..Event::xid(0, 94)
+        });
+    })
+    .expect("edit");
+    wait_until("the instance's XID", || {
+        has_fault(&backend, 0, pb::FaultKind::Xid)
+    });
+    let fault = backend.health().faults_of(0)[0].clone();
+    assert_eq!(fault.gpu_instance_id, Some(gi));
+    assert_eq!(fault.compute_instance_id, Some(0));
+    assert!(
+        backend.health().healthy(0),
+        "the card and its other instances are fine"
+    );
+    // The same XID outside any instance is the card's.
+    fake.edit(|w| w.events.push(Event::xid(0, 94)))
+        .expect("edit");
+    wait_until("the card's XID", || !backend.health().healthy(0));
+}

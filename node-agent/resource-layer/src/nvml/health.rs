@@ -307,7 +307,12 @@ impl Shared {
         if kind.contains(EventTypes::CRITICAL_XID_ERROR) {
             let code = u32::try_from(event.data).unwrap_or(u32::MAX);
             lock(&self.last_xid).insert(index, code);
-            self.hub.raise(index, &uuid, faults::xid(code));
+            // In MIG mode the driver names the instance an XID concerns: fault only it.
+            let fault = match event.gpu_instance {
+                Some(gi) => faults::xid(code).in_instance(gi, event.compute_instance),
+                None => faults::xid(code),
+            };
+            self.hub.raise(index, &uuid, fault);
         }
         if kind.contains(EventTypes::DOUBLE_BIT_ECC_ERROR) {
             self.wake_poll(index);
