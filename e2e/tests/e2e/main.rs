@@ -8,6 +8,7 @@ mod control_plane;
 mod faults;
 mod gangs;
 mod node_agent;
+mod nvml_node;
 mod operator;
 mod real_node;
 mod trust;
@@ -27,6 +28,7 @@ fn tests() -> Vec<Test> {
         contract_policy::TESTS,
         faults::TESTS,
         node_agent::TESTS,
+        nvml_node::TESTS,
         // Last: the real node stays once started, and no other test should see its cards.
         real_node::TESTS,
     ]

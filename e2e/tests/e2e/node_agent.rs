@@ -77,7 +77,7 @@ async fn install_agent_access(ctx: &TestContext) -> Result<()> {
 }
 
 /// A kwok node with its agent and test kubelet.
-struct AgentNode {
+pub(crate) struct AgentNode {
     name: String,
     dir: PathBuf,
     args: Vec<String>,
@@ -86,6 +86,17 @@ struct AgentNode {
     /// The resource layer as a process of its own, and its arguments; `None` when the agent
     /// serves a simulated one in-process.
     layer: Option<(TestProcess, Vec<String>)>,
+}
+
+/// Where an agent's resource layer runs.
+#[derive(Debug, Clone, Copy)]
+enum Layer<'a> {
+    /// In the agent's process, simulating a profile.
+    InProcess(&'a str),
+    /// A process of its own, simulating a profile.
+    Simulated(&'a str),
+    /// A process of its own on the NVML backend, over this (fake) library.
+    Nvml(&'a std::path::Path),
 }
 
 impl AgentNode {
@@ -102,22 +113,31 @@ impl AgentNode {
         profile: &str,
         config: Option<&str>,
     ) -> Result<AgentNode> {
-        Self::start_inner(ctx, short, profile, config, false).await
+        Self::start_inner(ctx, short, Layer::InProcess(profile), config).await
     }
 
     /// [`AgentNode::start`], with the resource layer as a process of its own
     /// (`runtimekit-resource-layer serve`, simulating `profile`, its instances in a state file)
     /// that the agent reaches through its socket.
     async fn start_with_layer(ctx: &TestContext, short: &str, profile: &str) -> Result<AgentNode> {
-        Self::start_inner(ctx, short, profile, None, true).await
+        Self::start_inner(ctx, short, Layer::Simulated(profile), None).await
+    }
+
+    /// [`AgentNode::start`], with the resource layer as a process of its own on the NVML
+    /// backend, over the fake NVML library `nvml`.
+    pub(crate) async fn start_on_nvml(
+        ctx: &TestContext,
+        short: &str,
+        nvml: &std::path::Path,
+    ) -> Result<AgentNode> {
+        Self::start_inner(ctx, short, Layer::Nvml(nvml), None).await
     }
 
     async fn start_inner(
         ctx: &TestContext,
         short: &str,
-        profile: &str,
+        layer: Layer<'_>,
         config: Option<&str>,
-        own_layer: bool,
     ) -> Result<AgentNode> {
         install_agent_access(ctx).await?;
         let node = ctx
@@ -145,27 +165,38 @@ impl AgentNode {
         // The socket is where the agent's in-process layer would serve, so `layer_socket`
         // holds either way.
         let socket = state.join("resource-layer.sock");
-        let layer = if own_layer {
-            let layer_args = vec![
-                "serve".to_owned(),
+        let backend = match layer {
+            Layer::InProcess(_) => None,
+            Layer::Simulated(profile) => Some(vec![
                 "--backend=simulated".to_owned(),
                 format!("--profile={profile}"),
-                format!("--node-name={name}"),
-                format!("--socket={}", socket.display()),
                 format!(
                     "--state-file={}",
                     state.join(format!("simulated-{profile}.json")).display()
                 ),
-            ];
-            let process = spawn_layer(ctx, short, &layer_args, &socket).await?;
-            Some((process, layer_args))
-        } else {
-            None
+            ]),
+            Layer::Nvml(library) => Some(vec![
+                "--backend=nvml".to_owned(),
+                format!("--nvml-lib={}", library.display()),
+                format!("--state-file={}", state.join("nvml.json").display()),
+            ]),
         };
-        let source = if own_layer {
-            format!("--resource-layer-socket={}", socket.display())
-        } else {
-            format!("--simulate={profile}")
+        let (layer, source) = match (backend, layer) {
+            (Some(backend), _) => {
+                let mut layer_args = vec!["serve".to_owned()];
+                layer_args.extend(backend);
+                layer_args.push(format!("--node-name={name}"));
+                layer_args.push(format!("--socket={}", socket.display()));
+                let process = spawn_layer(ctx, short, &layer_args, &socket).await?;
+                (
+                    Some((process, layer_args)),
+                    format!("--resource-layer-socket={}", socket.display()),
+                )
+            }
+            (None, Layer::InProcess(profile) | Layer::Simulated(profile)) => {
+                (None, format!("--simulate={profile}"))
+            }
+            (None, Layer::Nvml(_)) => bail!("the NVML backend runs as a process of its own"),
         };
         let mut args = vec![
             format!("--node-name={name}"),
@@ -214,7 +245,7 @@ impl AgentNode {
         Ok(ctx.cluster_api::<TopologyGroup>().get(&self.name).await?)
     }
 
-    async fn wait_group<T>(
+    pub(crate) async fn wait_group<T>(
         &self,
         ctx: &TestContext,
         what: &str,
@@ -252,7 +283,12 @@ impl AgentNode {
             .and_then(|a| a.get(resource).map(|q| q.0.clone())))
     }
 
-    async fn wait_allocatable(&self, ctx: &TestContext, resource: &str, want: &str) -> Result<()> {
+    pub(crate) async fn wait_allocatable(
+        &self,
+        ctx: &TestContext,
+        resource: &str,
+        want: &str,
+    ) -> Result<()> {
         ctx.wait_for(
             &format!("{resource} allocatable {want} on {}", self.name),
             WAIT,
