@@ -161,7 +161,11 @@ mod tests {
         assert!(state.healthy(0));
         assert_eq!(state.faults(0).len(), 1, "it is listed");
         // The same XID on the whole card is another fault, and a critical one.
-        state.apply(&event(0, true, fault(pb::FaultKind::Xid, 94, pb::Severity::Critical)));
+        state.apply(&event(
+            0,
+            true,
+            fault(pb::FaultKind::Xid, 94, pb::Severity::Critical),
+        ));
         assert!(!state.healthy(0));
         assert_eq!(state.faults(0).len(), 2);
         state.apply(&event(0, false, in_instance));

@@ -16,6 +16,7 @@ pub mod backend;
 pub mod client;
 pub mod device_nodes;
 pub mod error;
+pub mod facts;
 pub mod faults;
 pub mod health;
 pub mod instances;

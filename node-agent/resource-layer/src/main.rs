@@ -46,6 +46,24 @@ enum Command {
         /// How long to watch for health events before reporting, in milliseconds.
         #[arg(long, default_value_t = 2_000)]
         health_wait_ms: u64,
+        /// Print one tab-separated line per figure instead of the report (for scripts).
+        #[arg(long)]
+        facts: bool,
+    },
+    /// Create one MIG instance and destroy it again, printing each step: a check of the MIG
+    /// calls on a machine whose owner allows it. Changes no MIG mode.
+    MigRoundtrip {
+        #[command(flatten)]
+        backend: BackendArgs,
+        /// The card (in MIG mode).
+        #[arg(long)]
+        card: u32,
+        /// The MIG profile, for example `1g.10gb`.
+        #[arg(long)]
+        mig_profile: String,
+        /// The placement start.
+        #[arg(long, default_value_t = 0)]
+        start: u8,
     },
     /// List the hardware profiles shipped with the simulated backend.
     Profiles,
@@ -149,16 +167,35 @@ async fn run(cli: Cli) -> Result<(), String> {
             backend,
             no_metrics,
             health_wait_ms,
+            facts,
         } => {
             let backend = backend.open().map_err(|e| e.to_string())?;
             tokio::time::sleep(Duration::from_millis(health_wait_ms)).await;
-            let text =
-                tokio::task::spawn_blocking(move || probe::report(backend.as_ref(), !no_metrics))
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .map_err(|e| e.to_string())?;
+            let text = tokio::task::spawn_blocking(move || {
+                if facts {
+                    runtimekit_resource_layer::facts::facts(backend.as_ref())
+                } else {
+                    probe::report(backend.as_ref(), !no_metrics)
+                }
+            })
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
             print!("{text}");
             Ok(())
+        }
+        Command::MigRoundtrip {
+            backend,
+            card,
+            mig_profile: profile,
+            start,
+        } => {
+            let backend = backend.open().map_err(|e| e.to_string())?;
+            tokio::task::spawn_blocking(move || {
+                mig_roundtrip(backend.as_ref(), card, profile, start)
+            })
+            .await
+            .map_err(|e| e.to_string())?
         }
         Command::Serve {
             backend,
@@ -185,6 +222,47 @@ async fn run(cli: Cli) -> Result<(), String> {
             tracing::info!("stopping");
             handle.shutdown().await.map_err(|e| e.to_string())
         }
+    }
+}
+
+/// Creates a MIG instance, lists it and destroys it, printing each step.
+fn mig_roundtrip(
+    backend: &dyn Backend,
+    card: u32,
+    profile: String,
+    start: u8,
+) -> Result<(), String> {
+    use runtimekit_resource_layer::instances::{CreateRequest, ShareSpec};
+    const KEY: &str = "gpu-check-roundtrip";
+    let created = backend
+        .create_instance(CreateRequest {
+            key: KEY.into(),
+            device_index: card,
+            device_uuid: None,
+            spec: ShareSpec::Mig { profile, start },
+        })
+        .map_err(|e| format!("create: {e}"))?;
+    let ids = created.instance.and_then(|i| i.mig).unwrap_or_default();
+    println!(
+        "created: GPU instance {}, compute instance {}, {}",
+        ids.gpu_instance_id, ids.compute_instance_id, ids.device_uuid
+    );
+    let listed = backend
+        .list_instances(&[card])
+        .map_err(|e| format!("list: {e}"))?;
+    let found = listed.instances.iter().any(|i| i.key == KEY);
+    println!("listed: {}", if found { "yes" } else { "NO" });
+    let destroyed = backend
+        .destroy_instance(runtimekit_resource_layer::DestroyTarget::Key(KEY.into()))
+        .map_err(|e| format!("destroy: {e}"))?;
+    println!(
+        "destroyed: {}",
+        if destroyed.existed { "yes" } else { "NO" }
+    );
+    if found && destroyed.existed {
+        Ok(())
+    } else {
+        Err("the round trip did not find or destroy its instance".into())
     }
 }
 

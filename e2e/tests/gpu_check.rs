@@ -1,0 +1,87 @@
+//! `e2e/gpu-check.sh` up to the hardware: it builds nothing, and on a machine without an NVIDIA
+//! GPU it fails plainly; its memory-holding helper fails plainly without the driver.
+
+use runtimekit_e2e::workspace_binary::workspace_binary;
+use std::path::Path;
+use std::process::Command;
+
+fn script() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("gpu-check.sh")
+}
+
+/// A folder of its own under the system's temporary folder, removed at the end.
+struct Folder(std::path::PathBuf);
+
+impl Folder {
+    fn new(name: &str) -> Folder {
+        let path = std::env::temp_dir().join(format!("gpu-check-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).expect("folder");
+        Folder(path)
+    }
+}
+
+impl Drop for Folder {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn it_builds_nothing_and_says_what_to_build() {
+    let empty = Folder::new("empty");
+    let out = Command::new("bash")
+        .arg(script())
+        .arg(&empty.0)
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("./just gpu-check-build"), "{stderr}");
+    assert!(
+        std::fs::read_dir(&empty.0).expect("read").next().is_none(),
+        "nothing built"
+    );
+}
+
+#[test]
+fn without_a_gpu_it_fails_plainly() {
+    let bins = Folder::new("bins");
+    let layer = workspace_binary("runtimekit-resource-layer", "runtimekit-resource-layer")
+        .expect("the resource layer");
+    std::fs::copy(layer, bins.0.join("runtimekit-resource-layer")).expect("copy");
+    std::fs::copy(
+        env!("CARGO_BIN_EXE_runtimekit-gpu-hold"),
+        bins.0.join("runtimekit-gpu-hold"),
+    )
+    .expect("copy");
+    // No nvidia-smi on the path (none on this machine either).
+    let out = Command::new("bash")
+        .arg(script())
+        .arg(&bins.0)
+        .env("PATH", "/usr/bin:/bin")
+        .output()
+        .expect("run");
+    if Path::new("/usr/bin/nvidia-smi").exists() {
+        return;
+    }
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("no NVIDIA GPU answers here"), "{stderr}");
+}
+
+#[test]
+fn the_memory_holder_needs_the_driver_and_says_so() {
+    let out = Command::new(env!("CARGO_BIN_EXE_runtimekit-gpu-hold"))
+        .args(["--seconds", "0"])
+        .env("LD_LIBRARY_PATH", "/nonexistent")
+        .output()
+        .expect("run");
+    if out.status.success() {
+        // A machine with the NVIDIA driver: it held and freed the memory.
+        assert!(String::from_utf8_lossy(&out.stdout).starts_with("holding 1024 MiB"));
+        return;
+    }
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("cannot load libcuda.so.1"), "{stderr}");
+}
