@@ -1,10 +1,12 @@
 //! The NVML backend against the fake NVML (`runtimekit-fake-nvml`): discovery, MIG instances,
 //! metrics and health as a real card would answer, and the card faults a real node shows.
 
+mod common;
+
+use common::mig as mig_request;
 use runtimekit_fake_nvml::world::{CallFault, Card, Event, Process};
 use runtimekit_fake_nvml::{FakeNvml, World};
 use runtimekit_proto::resource::v1alpha1 as pb;
-use runtimekit_resource_layer::instances::{CreateRequest, ShareSpec};
 use runtimekit_resource_layer::{Backend, DestroyTarget, NvmlBackend, NvmlOptions};
 use std::time::Duration;
 
@@ -27,16 +29,15 @@ fn options(fake: &FakeNvml) -> NvmlOptions {
     }
 }
 
-fn mig_request(key: &str, card: u32, profile: &str, start: u8) -> CreateRequest {
-    CreateRequest {
-        key: key.into(),
-        device_index: card,
-        device_uuid: None,
-        spec: ShareSpec::Mig {
-            profile: profile.into(),
-            start,
-        },
-    }
+/// One H100 card in MIG mode, with a 3g.40gb instance keyed `pod-a` at 0.
+fn one_mig_instance() -> (FakeNvml, NvmlBackend) {
+    let mut world = World::h100(1);
+    world.cards[0] = Card::h100(0).mig_on();
+    let (fake, backend) = backend(&world);
+    backend
+        .create_instance(mig_request("pod-a", 0, "3g.40gb", 0))
+        .expect("create");
+    (fake, backend)
 }
 
 #[test]
@@ -478,12 +479,7 @@ fn instances_of_profiles_past_the_crates_constants_are_listed() {
 
 #[test]
 fn a_failed_profile_query_forgets_no_key() {
-    let mut world = World::h100(1);
-    world.cards[0] = Card::h100(0).mig_on();
-    let (fake, backend) = backend(&world);
-    backend
-        .create_instance(mig_request("pod-a", 0, "3g.40gb", 0))
-        .expect("create");
+    let (fake, backend) = one_mig_instance();
     fake.edit(|w| {
         let mut flaky = CallFault::error("nvmlDeviceGetGpuInstanceProfileInfo", Some(0), "UNKNOWN");
         flaky.times = Some(1);
@@ -678,12 +674,7 @@ fn a_hung_poll_of_one_card_blinds_no_xid_watch() {
 
 #[test]
 fn a_hung_destroy_is_reported() {
-    let mut world = World::h100(1);
-    world.cards[0] = Card::h100(0).mig_on();
-    let (fake, backend) = backend(&world);
-    backend
-        .create_instance(mig_request("pod-a", 0, "3g.40gb", 0))
-        .expect("create");
+    let (fake, backend) = one_mig_instance();
     fake.edit(|w| {
         let mut hang = CallFault::hang("nvmlGpuInstanceDestroy", Some(0), 1_500);
         hang.times = Some(1);
@@ -771,4 +762,38 @@ fn an_xid_the_driver_gives_a_mig_instance_faults_only_that_instance() {
     fake.edit(|w| w.events.push(Event::xid(0, 94)))
         .expect("edit");
     wait_until("the card's XID", || !backend.health().healthy(0));
+}
+
+#[test]
+fn an_instance_a_process_uses_is_not_destroyed() {
+    let (fake, backend) = one_mig_instance();
+    let gi = fake.world().expect("world").cards[0]
+        .mig
+        .as_ref()
+        .expect("mig")
+        .instances[0]
+        .id;
+    fake.edit(|w| {
+        w.cards[0].processes = vec![Process {
+            pid: 77,
+            used_mib: Some(100),
+            gpu_instance_id: Some(gi),
+            compute_instance_id: Some(0),
+            ..Process::default()
+        }];
+    })
+    .expect("edit");
+    let refused = backend
+        .destroy_instance(DestroyTarget::Key("pod-a".into()))
+        .expect_err("in use");
+    assert_eq!(refused.reason().as_str(), "InstanceInUse", "{refused}");
+    let listed = backend.list_instances(&[0]).expect("list").instances;
+    assert_eq!(listed[0].key, "pod-a", "still there, still keyed");
+    fake.edit(|w| w.cards[0].processes.clear()).expect("edit");
+    assert!(
+        backend
+            .destroy_instance(DestroyTarget::Key("pod-a".into()))
+            .expect("destroyed once free")
+            .existed
+    );
 }

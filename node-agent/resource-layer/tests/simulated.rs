@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{A30, TempDir};
+use common::{A30, TempDir, mig};
 use runtimekit_proto::resource::v1alpha1 as pb;
 use runtimekit_resource_layer::instances::{CreateRequest, ShareSpec};
 use runtimekit_resource_layer::{
@@ -15,18 +15,6 @@ use std::time::{Duration, Instant};
 
 fn backend(profile: &str) -> SimulatedBackend {
     SimulatedBackend::from_profile(profile, SimOptions::default()).expect("profile loads")
-}
-
-fn mig(key: &str, card: u32, profile: &str, start: u8) -> CreateRequest {
-    CreateRequest {
-        key: key.into(),
-        device_index: card,
-        device_uuid: None,
-        spec: ShareSpec::Mig {
-            profile: profile.into(),
-            start,
-        },
-    }
 }
 
 fn tdm(key: &str, card: u32, core_percent: u32, memory_mib: u64) -> CreateRequest {

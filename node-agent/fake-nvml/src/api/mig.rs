@@ -33,6 +33,27 @@ fn profile_by_index(card: &Card, index: c_uint) -> Result<&GiProfile, Ret> {
         .ok_or(NOT_SUPPORTED)
 }
 
+/// NVML's description of GPU-instance profile `$p` in structure `$kind` (version 1 or 2, which
+/// differ only in a version first and a name last), with any extra fields.
+macro_rules! profile_info {
+    ($kind:ident, $p:expr $(, $field:ident: $value:expr)*) => {
+        nv::$kind {
+            id: $p.id,
+            isP2pSupported: 0,
+            sliceCount: $p.slices,
+            instanceCount: $p.instance_count,
+            multiprocessorCount: $p.multiprocessors,
+            copyEngineCount: $p.slices,
+            decoderCount: 0,
+            encoderCount: 0,
+            jpegCount: 0,
+            ofaCount: 0,
+            memorySizeMB: $p.memory_mb,
+            $($field: $value,)*
+        }
+    };
+}
+
 fn profile_by_id(m: &Mig, id: c_uint) -> Result<&GiProfile, Ret> {
     m.profiles.iter().find(|p| p.id == id).ok_or(INVALID)
 }
@@ -64,19 +85,7 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceProfileInfo(
         device,
         |_, card, _| {
             let p = profile_by_index(card, index)?;
-            let value = nv::nvmlGpuInstanceProfileInfo_t {
-                id: p.id,
-                isP2pSupported: 0,
-                sliceCount: p.slices,
-                instanceCount: p.instance_count,
-                multiprocessorCount: p.multiprocessors,
-                copyEngineCount: p.slices,
-                decoderCount: 0,
-                encoderCount: 0,
-                jpegCount: 0,
-                ofaCount: 0,
-                memorySizeMB: p.memory_mb,
-            };
+            let value = profile_info!(nvmlGpuInstanceProfileInfo_t, p);
             // SAFETY: the caller's out-pointer.
             unsafe { put(info, value) }
         },
@@ -106,21 +115,8 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceProfileInfoV(
             for (slot, b) in name.iter_mut().zip(p.name.bytes().take(95)) {
                 *slot = b as c_char;
             }
-            let value = nv::nvmlGpuInstanceProfileInfo_v2_t {
-                version: expected,
-                id: p.id,
-                isP2pSupported: 0,
-                sliceCount: p.slices,
-                instanceCount: p.instance_count,
-                multiprocessorCount: p.multiprocessors,
-                copyEngineCount: p.slices,
-                decoderCount: 0,
-                encoderCount: 0,
-                jpegCount: 0,
-                ofaCount: 0,
-                memorySizeMB: p.memory_mb,
-                name,
-            };
+            let value =
+                profile_info!(nvmlGpuInstanceProfileInfo_v2_t, p, version: expected, name: name);
             // SAFETY: checked non-null above.
             unsafe { put(info, value) }
         },

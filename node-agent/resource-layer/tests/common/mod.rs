@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+use runtimekit_resource_layer::instances::{CreateRequest, ShareSpec};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -46,3 +47,16 @@ cards:
   - {model: a30, pci_bus_id: "00000000:01:00.0", numa_node: 0, mig_enabled: true,
      instances: [{profile: 1g.6gb, start: 0}, {profile: 1g.6gb, start: 1}]}
 "#;
+
+/// A request for a MIG instance of `profile` at `start` on `card`, keyed `key`.
+pub fn mig(key: &str, card: u32, profile: &str, start: u8) -> CreateRequest {
+    CreateRequest {
+        key: key.into(),
+        device_index: card,
+        device_uuid: None,
+        spec: ShareSpec::Mig {
+            profile: profile.into(),
+            start,
+        },
+    }
+}
