@@ -29,6 +29,16 @@ fn options(fake: &FakeNvml) -> NvmlOptions {
     }
 }
 
+/// The ID of the first GPU instance on card 0 of the fake.
+fn first_gpu_instance(fake: &FakeNvml) -> u32 {
+    fake.world().expect("world").cards[0]
+        .mig
+        .as_ref()
+        .expect("mig")
+        .instances[0]
+        .id
+}
+
 /// One H100 card in MIG mode, with a 3g.40gb instance keyed `pod-a` at 0.
 fn one_mig_instance() -> (FakeNvml, NvmlBackend) {
     let mut world = World::h100(1);
@@ -352,25 +362,27 @@ fn pid_namespace(fake: &FakeNvml, target: &str) -> std::path::PathBuf {
     link
 }
 
-/// A card whose memory is held by a PID that no process has here.
-fn held_by_a_gone_process() -> World {
+/// A backend seeing one card whose memory is held by a PID that no process has here, in the
+/// PID namespace `namespace`.
+fn held_by_a_gone_process(namespace: &str) -> (FakeNvml, NvmlBackend) {
     let mut world = World::h100(1);
     world.cards[0].processes = vec![Process {
         pid: u32::MAX - 7,
         used_mib: Some(2_048),
         ..Process::default()
     }];
-    world
+    let fake = FakeNvml::install(&world).expect("install");
+    let backend = NvmlBackend::new(NvmlOptions {
+        pid_namespace: pid_namespace(&fake, namespace),
+        ..options(&fake)
+    })
+    .expect("start");
+    (fake, backend)
 }
 
 #[test]
 fn dead_processes_are_not_judged_outside_the_host_pid_namespace() {
-    let fake = FakeNvml::install(&held_by_a_gone_process()).expect("install");
-    let backend = NvmlBackend::new(NvmlOptions {
-        pid_namespace: pid_namespace(&fake, "pid:[4026532271]"),
-        ..options(&fake)
-    })
-    .expect("start");
+    let (_fake, backend) = held_by_a_gone_process("pid:[4026532271]");
     let info = backend.info();
     assert!(
         info.process_liveness_unavailable.contains("PID namespace"),
@@ -393,12 +405,7 @@ fn dead_processes_are_not_judged_outside_the_host_pid_namespace() {
 
 #[test]
 fn dead_processes_are_found_in_the_host_pid_namespace() {
-    let fake = FakeNvml::install(&held_by_a_gone_process()).expect("install");
-    let backend = NvmlBackend::new(NvmlOptions {
-        pid_namespace: pid_namespace(&fake, "pid:[4026531836]"),
-        ..options(&fake)
-    })
-    .expect("start");
+    let (_fake, backend) = held_by_a_gone_process("pid:[4026531836]");
     assert!(backend.info().process_liveness_unavailable.is_empty());
     wait_until("the dead process's memory to be a fault", || {
         has_fault(&backend, 0, pb::FaultKind::DeadProcessMemory)
@@ -734,12 +741,7 @@ fn an_xid_the_driver_gives_a_mig_instance_faults_only_that_instance() {
     backend
         .create_instance(mig_request("pod-a", 0, "3g.40gb", 0))
         .expect("create");
-    let gi = fake.world().expect("world").cards[0]
-        .mig
-        .as_ref()
-        .expect("mig")
-        .instances[0]
-        .id;
+    let gi = first_gpu_instance(&fake);
     fake.edit(|w| {
         w.events.push(Event {
             gpu_instance_id: gi,
@@ -767,12 +769,7 @@ fn an_xid_the_driver_gives_a_mig_instance_faults_only_that_instance() {
 #[test]
 fn an_instance_a_process_uses_is_not_destroyed() {
     let (fake, backend) = one_mig_instance();
-    let gi = fake.world().expect("world").cards[0]
-        .mig
-        .as_ref()
-        .expect("mig")
-        .instances[0]
-        .id;
+    let gi = first_gpu_instance(&fake);
     fake.edit(|w| {
         w.cards[0].processes = vec![Process {
             pid: 77,
