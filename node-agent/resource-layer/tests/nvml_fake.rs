@@ -794,3 +794,23 @@ fn an_instance_a_process_uses_is_not_destroyed() {
             .existed
     );
 }
+
+#[test]
+fn gpu_is_lost_from_a_create_marks_the_card_lost() {
+    let mut world = World::h100(1);
+    world.cards[0] = Card::h100(0).mig_on();
+    let (fake, backend) = backend_without_polls(&world);
+    fake.edit(|w| {
+        w.faults.push(CallFault::error(
+            "nvmlDeviceCreateGpuInstanceWithPlacement",
+            Some(0),
+            "GPU_IS_LOST",
+        ));
+    })
+    .expect("edit");
+    let error = backend
+        .create_instance(mig_request("pod-a", 0, "3g.40gb", 0))
+        .expect_err("lost");
+    assert_eq!(error.reason().as_str(), "DeviceLost", "{error}");
+    assert!(has_fault(&backend, 0, pb::FaultKind::GpuLost));
+}

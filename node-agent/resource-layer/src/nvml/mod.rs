@@ -301,6 +301,14 @@ impl Shared {
         self.changes.get(index as usize).map(util::lock)
     }
 
+    /// Passes `result` on, marking its card lost when a call answered GPU_IS_LOST.
+    fn lost_on_error<T>(&self, result: Result<T, LayerError>) -> Result<T, LayerError> {
+        if let Err(LayerError::DeviceLost { index, .. }) = &result {
+            self.mark_lost(*index);
+        }
+        result
+    }
+
     /// Raises GPU_LOST on a card: any call that answered GPU_IS_LOST says so.
     fn mark_lost(&self, index: u32) {
         self.hub
@@ -350,14 +358,14 @@ impl Backend for NvmlBackend {
         let s = &self.shared;
         let index = request.device_index;
         let uuid = s.uuid_of(index);
-        s.watch.call(index, &uuid, || s.create(request))
+        s.lost_on_error(s.watch.call(index, &uuid, || s.create(request)))
     }
 
     fn destroy_instance(
         &self,
         target: DestroyTarget,
     ) -> Result<pb::DestroyInstanceResponse, LayerError> {
-        self.shared.destroy(target)
+        self.shared.lost_on_error(self.shared.destroy(target))
     }
 
     fn list_instances(&self, devices: &[u32]) -> Result<pb::ListInstancesResponse, LayerError> {
