@@ -2,6 +2,7 @@
 
 use crate::deviceplugin::DevicePlugins;
 use crate::enactor::Enactor;
+use crate::exporter::{self, Exporter, Snapshot};
 use crate::layer::{InventoryRefresher, Layer, LayerError, Source, watch_health};
 use crate::model::NodeState;
 use crate::podresources;
@@ -13,6 +14,7 @@ use kube::runtime::events::{Recorder, Reporter as EventReporter};
 use runtimekit_contract::RuntimeKitConfig;
 use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 use thiserror::Error;
 use tokio::sync::{mpsc, watch};
@@ -46,6 +48,12 @@ pub struct Options {
     pub resync: Duration,
     /// Whether the device plugin is served.
     pub device_plugin: bool,
+    /// Where the exporter serves `/metrics`; not served when `None`.
+    pub metrics: Option<std::net::SocketAddr>,
+    /// How often the exporter samples the node.
+    pub metrics_interval: Duration,
+    /// Where processes' cgroups are read.
+    pub proc_root: PathBuf,
 }
 
 /// Why the agent stopped.
@@ -57,6 +65,9 @@ pub enum AgentError {
     /// No client for the apiserver.
     #[error("cannot build the Kubernetes client: {0}")]
     Kube(String),
+    /// The exporter cannot serve.
+    #[error("exporter: {0}")]
+    Metrics(String),
     /// A task ended, which none should.
     #[error("the {0} task ended unexpectedly")]
     TaskEnded(&'static str),
@@ -201,6 +212,33 @@ pub async fn run(options: Options) -> Result<(), AgentError> {
             }
             .run(),
         );
+    }
+    if let Some(address) = options.metrics {
+        let listener = tokio::net::TcpListener::bind(address)
+            .await
+            .map_err(|e| AgentError::Metrics(format!("cannot listen on {address}: {e}")))?;
+        tracing::info!(address = %listener.local_addr().unwrap_or(address), "serving /metrics");
+        let snapshot = Arc::new(Snapshot::default());
+        spawn(
+            &mut tasks,
+            "exporter-collector",
+            exporter::collect::Collector {
+                node: node.clone(),
+                driver_version: layer.info.driver_version.clone(),
+                layer: layer.client.clone(),
+                state: state_rx.clone(),
+                snapshot: snapshot.clone(),
+                interval: options.metrics_interval,
+                proc_root: options.proc_root.clone(),
+            }
+            .run(),
+        );
+        let exporter = Arc::new(Exporter::new(snapshot));
+        spawn(&mut tasks, "exporter", async move {
+            if let Err(error) = exporter::serve(listener, exporter).await {
+                tracing::error!(%error, "the exporter stopped");
+            }
+        });
     }
     let config = options.config.clone();
     let mut first = state_rx.clone();

@@ -70,6 +70,19 @@ pub struct Cli {
     #[arg(long)]
     pub no_device_plugin: bool,
 
+    /// Where the exporter serves `/metrics` (host:port), or `off`.
+    #[arg(long, default_value = "0.0.0.0:9501")]
+    pub metrics_address: String,
+
+    /// How often the exporter samples the node (a scrape serves the last sample).
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub metrics_interval: Duration,
+
+    /// Where processes' cgroups are read, to tell each card process's pod (the host's `/proc`:
+    /// the agent runs in the host PID namespace).
+    #[arg(long, default_value = "/proc")]
+    pub proc_root: PathBuf,
+
     /// How log lines are written.
     #[arg(long, value_enum, default_value = "text")]
     pub log_format: LogFormat,
@@ -140,6 +153,14 @@ impl Cli {
             heartbeat: self.heartbeat_interval,
             resync: self.resync_interval,
             device_plugin: !self.no_device_plugin,
+            metrics: match self.metrics_address.as_str() {
+                "off" => None,
+                address => Some(address.parse().map_err(|_| {
+                    format!("--metrics-address {address:?} is not host:port (or off)")
+                })?),
+            },
+            metrics_interval: self.metrics_interval,
+            proc_root: self.proc_root.clone(),
         })
     }
 }

@@ -18,6 +18,7 @@ pub mod agent;
 pub mod cli;
 pub mod deviceplugin;
 pub mod enactor;
+pub mod exporter;
 #[cfg(test)]
 mod fixtures;
 pub mod health;

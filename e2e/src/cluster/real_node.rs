@@ -33,6 +33,8 @@ const DEVICE_PLUGINS: &str = "/var/lib/kubelet/device-plugins";
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
 /// The hardware profile the real node simulates: NVIDIA cards (MIG on card 7) and RDMA NICs.
 pub const PROFILE: &str = "h800-8";
+/// The deployed node agent's exporter port, on 127.0.0.1 (the DaemonSet's port).
+pub const METRICS_PORT: u16 = 9501;
 /// The node agent's identity group (config/node-agent/rbac.yaml binds it).
 const AGENT_GROUP: &str = "runtimekit:node-agents";
 
@@ -277,6 +279,7 @@ fn agent_args(node: &str, dir: &Path, profile: &str) -> Vec<String> {
             "--pod-resources-socket={}",
             dir.join("kubelet/pod-resources/kubelet.sock").display()
         ),
+        "--metrics-address=127.0.0.1:0".into(),
     ]
 }
 
@@ -741,6 +744,12 @@ impl RealNode {
                 "replace",
                 "/spec/template/spec/containers/1/args/1".into(),
                 json!(format!("--resource-layer-socket={gpu}/resource-layer.sock")),
+            ),
+            // Host networking here: the exporter listens on loopback only.
+            (
+                "add",
+                "/spec/template/spec/containers/1/args/-".into(),
+                json!(format!("--metrics-address=127.0.0.1:{METRICS_PORT}")),
             ),
             (
                 "replace",

@@ -210,6 +210,7 @@ impl AgentNode {
             ),
             "--heartbeat-interval=2s".into(),
             "--resync-interval=2s".into(),
+            "--metrics-address=127.0.0.1:0".into(),
         ];
         if let Some(config) = config {
             let path = dir.join("config.yaml");

@@ -15,7 +15,7 @@ use kube::api::{DeleteParams, PostParams};
 use runtimekit_contract::allocation::Allocation;
 use runtimekit_crds::{GpuSlice, TopologyGroup};
 use runtimekit_e2e::harness::Test;
-use runtimekit_e2e::real_node::{ENABLE_LABEL, RealNode};
+use runtimekit_e2e::real_node::{ENABLE_LABEL, METRICS_PORT, RealNode};
 use runtimekit_e2e::{TestContext, tests};
 use runtimekit_proto::resource::v1alpha1 as pb;
 use serde_json::json;
@@ -731,15 +731,60 @@ async fn real_node_runs_config_as_a_user_deploys_it(ctx: TestContext) -> Result<
         "3.2-tdm.yaml",
         "deployed-tdm",
         &node.name,
-        &format!("{SHOW}; sleep 2"),
+        &format!("{SHOW}; sleep 120"),
     )?;
     let object: Pod = serde_json::from_value(pod)?;
     ctx.api::<Pod>()
         .create(&PostParams::default(), &object)
         .await?;
     let running = wait_phase(&ctx, "deployed-tdm", "Running").await?;
-    wait_phase(&ctx, "deployed-tdm", "Succeeded").await?;
-    let log = ctx.kubectl_ok(&["logs", "deployed-tdm"], None)?;
+    let log = ctx
+        .wait_for("the TDM pod's report", WAIT, || async {
+            let log = ctx.kubectl_ok(&["logs", "deployed-tdm"], None)?;
+            Ok(log.contains("RUNTIMEKIT_").then_some(log))
+        })
+        .await?;
     exactly(&[], &running, &Seen::read(&log)).with_context(|| log.clone())?;
+    // The deployed agent's exporter: the cards under DCGM's names, their health, and the TDM
+    // pod's own series with its limits.
+    let card = running
+        .annotations()
+        .get("aliyun.com/allocation")
+        .and_then(|a| serde_json::from_str::<Allocation>(a).ok())
+        .and_then(|a| a.containers.first().and_then(|c| c.cards.first().cloned()))
+        .context("the pod's card")?;
+    let scrape = ctx
+        .wait_for("the exporter to show the pod", WAIT, || async {
+            let address = std::net::SocketAddr::from(([127, 0, 0, 1], METRICS_PORT));
+            let text = runtimekit_e2e::tools::http_get(address, "/metrics").unwrap_or_default();
+            Ok(text.contains("pod=\"deployed-tdm\"").then_some(text))
+        })
+        .await?;
+    let gpu = format!("gpu=\"{}\"", card.index);
+    for expected in [
+        "DCGM_FI_DEV_GPU_TEMP{",
+        "DCGM_FI_DEV_FB_USED{",
+        "DCGM_FI_HEALTH_WATCH_OVERALL{",
+        "DCGM_EXP_GPU_HEALTH_STATUS{",
+    ] {
+        ensure!(scrape.contains(expected), "{expected} in\n{scrape}");
+    }
+    let series = |family: &str| {
+        scrape
+            .lines()
+            .find(|l| {
+                l.starts_with(family) && l.contains("pod=\"deployed-tdm\"") && l.contains(&gpu)
+            })
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+    };
+    ensure!(
+        series("DCGM_FI_CONTAINER_FB_LIMIT") == Some(4096.0)
+            && series("DCGM_FI_CONTAINER_CORE_LIMIT") == Some(50.0),
+        "the pod's limits as series:\n{scrape}"
+    );
+    ctx.api::<Pod>()
+        .delete("deployed-tdm", &DeleteParams::default())
+        .await?;
     Ok(())
 }
