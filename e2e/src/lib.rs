@@ -5,6 +5,7 @@ pub mod cluster;
 pub mod harness;
 pub mod load;
 pub mod pki;
+pub mod prometheus;
 pub mod tools;
 pub mod workspace_binary;
 

@@ -64,6 +64,30 @@ impl Tools {
     }
 }
 
+/// A TCP port free on 127.0.0.1 now.
+pub fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// `text` percent-encoded for a URL's query (every byte but unreserved ones).
+pub fn url_encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                char::from(b).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// The body of an HTTP response (after the blank line ending its headers).
+pub fn http_body(response: &str) -> &str {
+    response.split_once("\r\n\r\n").map_or("", |(_, body)| body)
+}
+
 /// GETs `path` from a plain-HTTP endpoint on `addr` (the operator's /metrics, /healthz,
 /// /readyz) and returns the whole response, status line and headers included.
 pub fn http_get(addr: std::net::SocketAddr, path: &str) -> std::io::Result<String> {

@@ -16,7 +16,6 @@ use anyhow::{Context, Result, bail};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -112,10 +111,6 @@ fn wait_for_socket(socket: &Path) -> Result<()> {
     Ok(())
 }
 
-fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
 impl Cluster {
     /// Starts the real node `name`: the resource layer, containerd and its images, the kubelet
     /// and the node agent. Returns once they run; [`RealNode::wait_ready`] waits for the Node to
@@ -184,7 +179,7 @@ impl Cluster {
             dir: dir.clone(),
             containerd_socket: socket,
             pod_logs: dir.join("pod-logs"),
-            healthz_port: free_port()?,
+            healthz_port: crate::tools::free_port()?,
             layer_socket: layer_socket.clone(),
         };
         node.wait_for_containerd()?;
@@ -201,7 +196,7 @@ impl Cluster {
             self.pki.kubeconfig(&self.server, "kubelet", &identity),
         )?;
         let config = dir.join("kubelet.yaml");
-        std::fs::write(&config, kubelet_config(&node, free_port()?))?;
+        std::fs::write(&config, kubelet_config(&node, crate::tools::free_port()?))?;
         let kubelet = self.tools.k8s.join("kubelet");
         self.spawn(
             "kubelet",

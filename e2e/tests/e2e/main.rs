@@ -5,6 +5,7 @@
 
 mod contract_policy;
 mod control_plane;
+mod exporter;
 mod faults;
 mod gangs;
 mod node_agent;
@@ -29,6 +30,7 @@ fn tests() -> Vec<Test> {
         faults::TESTS,
         node_agent::TESTS,
         nvml_node::TESTS,
+        exporter::TESTS,
         // Last: the real node stays once started, and no other test should see its cards.
         real_node::TESTS,
     ]

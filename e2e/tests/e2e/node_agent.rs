@@ -80,6 +80,8 @@ async fn install_agent_access(ctx: &TestContext) -> Result<()> {
 pub(crate) struct AgentNode {
     name: String,
     dir: PathBuf,
+    /// Where its exporter serves `/metrics`.
+    pub(crate) metrics: std::net::SocketAddr,
     args: Vec<String>,
     agent: TestProcess,
     kubelet: TestKubelet,
@@ -102,7 +104,7 @@ enum Layer<'a> {
 impl AgentNode {
     /// Creates a kwok node and starts its test kubelet and agent (simulating `profile`);
     /// returns once the agent reports the node's TopologyGroup.
-    async fn start(ctx: &TestContext, short: &str, profile: &str) -> Result<AgentNode> {
+    pub(crate) async fn start(ctx: &TestContext, short: &str, profile: &str) -> Result<AgentNode> {
         Self::start_with(ctx, short, profile, None).await
     }
 
@@ -198,6 +200,8 @@ impl AgentNode {
             }
             (None, Layer::Nvml(_)) => bail!("the NVML backend runs as a process of its own"),
         };
+        let metrics =
+            std::net::SocketAddr::from(([127, 0, 0, 1], runtimekit_e2e::tools::free_port()?));
         let mut args = vec![
             format!("--node-name={name}"),
             format!("--kubeconfig={}", kubeconfig.display()),
@@ -210,7 +214,8 @@ impl AgentNode {
             ),
             "--heartbeat-interval=2s".into(),
             "--resync-interval=2s".into(),
-            "--metrics-address=127.0.0.1:0".into(),
+            format!("--metrics-address={metrics}"),
+            "--metrics-interval=1s".into(),
         ];
         if let Some(config) = config {
             let path = dir.join("config.yaml");
@@ -222,6 +227,7 @@ impl AgentNode {
         let node = AgentNode {
             name,
             dir,
+            metrics,
             args,
             agent,
             kubelet,
@@ -310,7 +316,7 @@ impl AgentNode {
             .instances)
     }
 
-    async fn fault(&self, card: u32, kind: pb::FaultKind, xid: u32) -> Result<()> {
+    pub(crate) async fn fault(&self, card: u32, kind: pb::FaultKind, xid: u32) -> Result<()> {
         let mut client = runtimekit_resource_layer::fault_client(self.layer_socket()).await?;
         client
             .inject_fault(pb::InjectFaultRequest {
@@ -323,7 +329,7 @@ impl AgentNode {
         Ok(())
     }
 
-    async fn clear(&self, card: u32) -> Result<()> {
+    pub(crate) async fn clear(&self, card: u32) -> Result<()> {
         let mut client = runtimekit_resource_layer::fault_client(self.layer_socket()).await?;
         client
             .clear_fault(pb::ClearFaultRequest {

@@ -1,0 +1,124 @@
+//! The node agent's exporter scraped by a real Prometheus: the dcgm-exporter dashboard's
+//! queries, unchanged, return series; a TDM pod's memory and its limit are one query each; the
+//! usage guide's alert `DCGM_FI_HEALTH_WATCH_OVERALL == 0` fires for an injected fault and
+//! clears with it.
+
+use crate::node_agent::AgentNode;
+use crate::operator::with_operator;
+use anyhow::{Context, Result, ensure};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::PostParams;
+use runtimekit_e2e::harness::Test;
+use runtimekit_e2e::prometheus::Prometheus;
+use runtimekit_e2e::{TestContext, tests};
+use runtimekit_proto::resource::v1alpha1 as pb;
+use serde_json::json;
+use std::time::Duration;
+
+pub const TESTS: &[Test] = tests![exporter_feeds_prometheus_the_dashboard_and_the_health_alert];
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// The usage guide's alert, as a Prometheus rule.
+const RULES: &str = r#"groups:
+  - name: lj-runtimekit
+    rules:
+      - alert: GpuUnhealthy
+        expr: DCGM_FI_HEALTH_WATCH_OVERALL == 0
+"#;
+
+/// Every query of the dcgm-exporter dashboard (`e2e/tests/compat`), with its variables set to
+/// "All" as Grafana does.
+fn dashboard_queries() -> Result<Vec<String>> {
+    let path =
+        runtimekit_e2e::tools::repo_root().join("e2e/tests/compat/dcgm-exporter-dashboard.json");
+    let dashboard: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
+    let mut queries = Vec::new();
+    let mut panels: Vec<&serde_json::Value> = dashboard["panels"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .collect();
+    while let Some(panel) = panels.pop() {
+        panels.extend(panel["panels"].as_array().into_iter().flatten());
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            if let Some(expr) = target["expr"].as_str() {
+                queries.push(expr.replace("$instance", ".*").replace("$gpu", ".*"));
+            }
+        }
+    }
+    ensure!(!queries.is_empty(), "no queries in {}", path.display());
+    Ok(queries)
+}
+
+async fn exporter_feeds_prometheus_the_dashboard_and_the_health_alert(
+    ctx: TestContext,
+) -> Result<()> {
+    let node = AgentNode::start(&ctx, "exp", "h800-8").await?;
+    let prometheus =
+        Prometheus::start(&ctx, &[("lj-runtimekit-exporter", node.metrics)], RULES).await?;
+    with_operator(ctx, |ctx| async move {
+        // The usage guide's TDM pod, placed on the agent's node.
+        let pod: Pod = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "tdm"},
+            "spec": {"schedulerName": "lj-runtimekit-scheduler", "runtimeClassName": "lj-runtime",
+                "containers": [{"name": "app", "image": "busybox", "resources": {"limits":
+                    {"aliyun.com/gpu-core": "50", "aliyun.com/gpu-memory": "4"}}}]}}))?;
+        ctx.api::<Pod>()
+            .create(&PostParams::default(), &pod)
+            .await?;
+
+        for query in dashboard_queries()? {
+            ctx.wait_for(&format!("series for {query}"), WAIT, || async {
+                Ok((!prometheus.query(&query)?.is_empty()).then_some(()))
+            })
+            .await?;
+        }
+        let used = r#"DCGM_FI_CONTAINER_FB_USED{pod="tdm", container_name="app"}"#;
+        let share =
+            r#"DCGM_FI_CONTAINER_FB_USED{pod="tdm"} / DCGM_FI_CONTAINER_FB_LIMIT{pod="tdm"}"#;
+        let limit = ctx
+            .wait_for("the TDM pod's memory and limit", WAIT, || async {
+                let used = prometheus.query(used)?;
+                let share = prometheus.query(share)?;
+                let limit = prometheus.query(r#"DCGM_FI_CONTAINER_FB_LIMIT{pod="tdm"}"#)?;
+                Ok((used.len() == 1 && share.len() == 1)
+                    .then(|| limit.first().map(|s| s["value"][1].clone()))
+                    .flatten())
+            })
+            .await?;
+        ensure!(limit == json!("4096"), "the pod's limit: {limit}");
+
+        // The usage guide's alert fires for a fault and clears with it.
+        let overall_zero = "DCGM_FI_HEALTH_WATCH_OVERALL == 0";
+        ensure!(
+            prometheus.query(overall_zero)?.is_empty(),
+            "healthy at first"
+        );
+        node.fault(5, pb::FaultKind::EccDbe, 0).await?;
+        let firing = ctx
+            .wait_for("GpuUnhealthy to fire", WAIT, || async {
+                let firing = prometheus.firing()?;
+                Ok(firing
+                    .into_iter()
+                    .find(|a| a["labels"]["alertname"] == "GpuUnhealthy"))
+            })
+            .await?;
+        ensure!(
+            firing["labels"]["gpu"] == "5" && firing["labels"]["NodeName"] != json!(null),
+            "the alert names the card and node: {firing}"
+        );
+        node.clear(5).await?;
+        ctx.wait_for("GpuUnhealthy to clear", WAIT, || async {
+            let firing = prometheus.firing()?;
+            Ok((!firing
+                .iter()
+                .any(|a| a["labels"]["alertname"] == "GpuUnhealthy"))
+            .then_some(()))
+        })
+        .await
+        .context("the alert after the fault cleared")?;
+        Ok(())
+    })
+    .await
+}
