@@ -706,6 +706,39 @@ mod tests {
     }
 
     #[test]
+    fn every_family_is_in_the_metrics_definition() {
+        let doc = include_str!("../../../docs/metrics-definition.md");
+        let state = four_cards();
+        let devices: Vec<pb::Device> = state
+            .inventory
+            .as_ref()
+            .map(|i| i.devices.values().cloned().collect())
+            .unwrap_or_default();
+        let all = families(&Inputs {
+            node_name: "n1",
+            hostname: "n1",
+            driver_version: "",
+            devices: &devices,
+            metrics: &[],
+            instances: &[],
+            slices: &[],
+            faults: &state.faults,
+            pod_of_pid: &BTreeMap::new(),
+        });
+        for family in all {
+            let suffix = family.name.rsplit('_').next().unwrap_or_default();
+            let listed = doc.contains(&format!("`{}`", family.name))
+                || (family.name.starts_with("DCGM_FI_HEALTH_WATCH_")
+                    && doc.contains(&format!("`_{suffix}`")));
+            assert!(
+                listed,
+                "{} is not in docs/metrics-definition.md",
+                family.name
+            );
+        }
+    }
+
+    #[test]
     fn series_of_ended_pods_go_with_their_slices() {
         let state = four_cards();
         let devices: Vec<pb::Device> = state
