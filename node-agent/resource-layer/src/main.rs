@@ -111,6 +111,10 @@ struct BackendArgs {
     /// in the host PID namespace anyway).
     #[arg(long)]
     no_process_liveness: bool,
+    /// NVML: how long after its last occurrence an XID fault clears, in seconds (the card must
+    /// answer its poll too).
+    #[arg(long, default_value_t = 300)]
+    xid_clear_after_s: u64,
     /// NVML: how long loading and initialising NVML may take, in seconds, before the resource
     /// layer gives up with an error (the driver can hang there).
     #[arg(long, default_value_t = 60)]
@@ -147,6 +151,7 @@ impl BackendArgs {
                 hang_threshold,
                 check_process_liveness: !self.no_process_liveness,
                 init_timeout: Duration::from_secs(self.nvml_init_timeout_s),
+                xid_clear_after: Duration::from_secs(self.xid_clear_after_s),
                 ..NvmlOptions::default()
             })?),
         })

@@ -814,3 +814,31 @@ fn gpu_is_lost_from_a_create_marks_the_card_lost() {
     assert_eq!(error.reason().as_str(), "DeviceLost", "{error}");
     assert!(has_fault(&backend, 0, pb::FaultKind::GpuLost));
 }
+
+#[test]
+fn an_xid_clears_after_a_quiet_window_on_a_card_that_answers() {
+    let fake = FakeNvml::install(&World::h100(2)).expect("install");
+    let backend = NvmlBackend::new(NvmlOptions {
+        xid_clear_after: Duration::from_millis(400),
+        ..options(&fake)
+    })
+    .expect("start");
+    fake.edit(|w| {
+        w.events.push(Event::xid(0, 48));
+        w.events.push(Event::xid(1, 48));
+    })
+    .expect("edit");
+    wait_until("the XIDs", || {
+        has_fault(&backend, 0, pb::FaultKind::Xid) && has_fault(&backend, 1, pb::FaultKind::Xid)
+    });
+    // Card 1 stops answering: its XID stays.
+    fake.edit(|w| w.cards[1].lost = true).expect("edit");
+    wait_until("card 0's XID to clear", || {
+        !has_fault(&backend, 0, pb::FaultKind::Xid)
+    });
+    assert!(backend.health().healthy(0));
+    assert!(
+        has_fault(&backend, 1, pb::FaultKind::Xid),
+        "a lost card's XID stays"
+    );
+}

@@ -1,8 +1,8 @@
 //! Health: XID and double-bit ECC events from an NVML event set, and a poll of volatile DBE
 //! counts, remapped rows, pending page retirement, lost cards and memory held by dead
-//! processes. XID faults stay until the resource layer restarts, as in the NVIDIA device
-//! plugin: NVML reports the error, not its end. GPU_IS_LOST from any call marks a card lost;
-//! a real query that succeeds clears it.
+//! processes. NVML reports an XID, not its end: an XID fault clears once no XID of that code
+//! came for `xid_clear_after` and the card answers its poll. GPU_IS_LOST from any call marks a
+//! card lost; a real query that succeeds clears it.
 
 use super::Shared;
 use super::convert::mib;
@@ -70,8 +70,31 @@ impl Shared {
         let polled = self
             .watch
             .call(index, &uuid, || self.poll_checks(&dev, index, &uuid));
-        if polled.is_err() {
-            self.mark_lost(index);
+        match polled {
+            Ok(()) => self.clear_quiet_xids(index),
+            Err(Lost) => self.mark_lost(index),
+        }
+    }
+
+    /// Clears the XID faults of a card that answers when no XID of that code came for
+    /// `xid_clear_after`.
+    fn clear_quiet_xids(&self, index: u32) {
+        let quiet: Vec<u32> = {
+            let mut seen = lock(&self.xid_seen);
+            let codes: Vec<u32> = seen
+                .iter()
+                .filter(|((card, _), at)| {
+                    *card == index && at.elapsed() >= self.options.xid_clear_after
+                })
+                .map(|((_, code), _)| *code)
+                .collect();
+            for code in &codes {
+                seen.remove(&(index, *code));
+            }
+            codes
+        };
+        for code in quiet {
+            self.hub.clear(index, Some(pb::FaultKind::Xid), Some(code));
         }
     }
 
@@ -307,6 +330,7 @@ impl Shared {
         if kind.contains(EventTypes::CRITICAL_XID_ERROR) {
             let code = u32::try_from(event.data).unwrap_or(u32::MAX);
             lock(&self.last_xid).insert(index, code);
+            lock(&self.xid_seen).insert((index, code), std::time::Instant::now());
             // In MIG mode the driver names the instance an XID concerns: fault only it.
             let fault = match event.gpu_instance {
                 Some(gi) => faults::xid(code).in_instance(gi, event.compute_instance),

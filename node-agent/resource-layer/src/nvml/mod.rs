@@ -16,8 +16,8 @@
 //!   socket from sysfs, CPU affinity, NVLink links with their far end; RDMA NICs from sysfs.
 //! - Health (`health`): XID and double-bit ECC events from an event set, and a poll of
 //!   volatile DBE counts, remapped rows, pending page retirement, lost cards and memory held by
-//!   dead processes. XID faults stay until the resource layer restarts, as in the NVIDIA
-//!   device plugin: NVML reports the error, not its end.
+//!   dead processes. NVML reports an XID, not its end: an XID fault clears after a quiet
+//!   window on a card that answers.
 //! - Metrics (`metrics`): the DCGM field set from NVML calls (interfaces notes, section 1.2),
 //!   DCP ratios from GPM where the card has it (Hopper and newer).
 //!
@@ -67,6 +67,9 @@ pub struct NvmlOptions {
     pub hang_threshold: Duration,
     /// How often ECC, remapped rows, lost cards and dead processes are polled.
     pub poll_interval: Duration,
+    /// How long after its last occurrence an XID fault clears, once the card answers: NVML
+    /// reports an XID, not its end, so a quiet window stands for "the condition cleared".
+    pub xid_clear_after: Duration,
     /// How long loading and initialising NVML may take before the backend gives up (the
     /// driver can hang in `nvmlInit` when a card is in a bad state).
     pub init_timeout: Duration,
@@ -86,6 +89,7 @@ impl Default for NvmlOptions {
             sysfs_root: PathBuf::from("/sys"),
             hang_threshold: Duration::from_secs(5),
             poll_interval: Duration::from_secs(10),
+            xid_clear_after: Duration::from_secs(300),
             init_timeout: Duration::from_secs(60),
             check_process_liveness: true,
             pid_namespace: PathBuf::from("/proc/self/ns/pid"),
@@ -140,6 +144,8 @@ struct Shared {
     changes: Vec<Mutex<()>>,
     /// The last XID of each card, for the metrics.
     last_xid: Mutex<BTreeMap<u32, u32>>,
+    /// When each (card, XID) was last reported, to clear it after a quiet window.
+    xid_seen: Mutex<BTreeMap<(u32, u32), std::time::Instant>>,
     /// Per-process utilisation samples read so far, per card: every reader sees them, not only
     /// the first to ask NVML for the newest.
     util: Mutex<BTreeMap<u32, metrics::UtilSamples>>,
@@ -216,6 +222,7 @@ impl NvmlBackend {
             ledger: Mutex::new(ledger),
             changes: (0..count).map(|_| Mutex::new(())).collect(),
             last_xid: Mutex::new(BTreeMap::new()),
+            xid_seen: Mutex::new(BTreeMap::new()),
             util: Mutex::new(BTreeMap::new()),
             gpm: Mutex::new(BTreeMap::new()),
             dead_seen: Mutex::new(BTreeMap::new()),
