@@ -152,6 +152,7 @@ impl Reporter {
                 transition = self.transitions.recv() => {
                     let Some(transition) = transition else { return };
                     self.node_event(&nodes, &mut node_ref, &transition).await;
+                    self.pod_events(&transition).await;
                 }
                 () = tokio::time::sleep_until(wake) => {}
             }
@@ -256,6 +257,54 @@ impl Reporter {
             )
             .await?;
         Ok(())
+    }
+
+    /// A Warning Event on each pod with a slice on a card that turns unhealthy, naming the card
+    /// and the fault. Nothing is done to the pods: their owners decide (SPEC: nothing a user's
+    /// controller counts as a failure is done behind its back); the operator places nothing new
+    /// there.
+    async fn pod_events(&self, transition: &Transition) {
+        if transition.healthy {
+            return;
+        }
+        let pods: Vec<(String, String, String, String)> = self
+            .state
+            .borrow()
+            .slices
+            .iter()
+            .filter(|s| s.card == transition.card && !s.deleting)
+            .map(|s| {
+                (
+                    s.pod_namespace.clone(),
+                    s.pod_name.clone(),
+                    s.pod_uid.clone(),
+                    s.name.clone(),
+                )
+            })
+            .collect();
+        for (namespace, name, uid, slice) in pods {
+            let reference = ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                namespace: Some(namespace),
+                name: Some(name),
+                uid: Some(uid),
+                ..ObjectReference::default()
+            };
+            let event = Event {
+                type_: EventType::Warning,
+                reason: "GpuUnhealthy".into(),
+                note: Some(format!(
+                    "card {} ({}) on node {}, which holds this pod's GpuSlice {slice}, is unhealthy: {}",
+                    transition.card, transition.uuid, self.node, transition.reason
+                )),
+                action: "HealthCheck".into(),
+                secondary: None,
+            };
+            if let Err(error) = self.recorder.publish(&event, &reference).await {
+                tracing::warn!(%error, "cannot publish an event on a pod");
+            }
+        }
     }
 
     /// A Warning Event on the Node when a card turns unhealthy, a Normal one when it recovers.

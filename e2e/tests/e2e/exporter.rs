@@ -8,6 +8,7 @@ use crate::operator::with_operator;
 use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::PostParams;
+use runtimekit_crds::GpuSlice;
 use runtimekit_e2e::harness::Test;
 use runtimekit_e2e::prometheus::Prometheus;
 use runtimekit_e2e::{TestContext, tests};
@@ -89,13 +90,24 @@ async fn exporter_feeds_prometheus_the_dashboard_and_the_health_alert(
             .await?;
         ensure!(limit == json!("4096"), "the pod's limit: {limit}");
 
-        // The usage guide's alert fires for a fault and clears with it.
+        // The usage guide's alert fires for a fault on the TDM pod's card and clears with it;
+        // the pod is told, and left running.
+        let card = ctx
+            .api::<GpuSlice>()
+            .list(&Default::default())
+            .await?
+            .items
+            .into_iter()
+            .find(|s| s.spec.pod.name == "tdm")
+            .and_then(|s| s.spec.card)
+            .context("the TDM pod's slice")?
+            .index;
         let overall_zero = "DCGM_FI_HEALTH_WATCH_OVERALL == 0";
         ensure!(
             prometheus.query(overall_zero)?.is_empty(),
             "healthy at first"
         );
-        node.fault(5, pb::FaultKind::EccDbe, 0).await?;
+        node.fault(card, pb::FaultKind::EccDbe, 0).await?;
         let firing = ctx
             .wait_for("GpuUnhealthy to fire", WAIT, || async {
                 let firing = prometheus.firing()?;
@@ -105,10 +117,35 @@ async fn exporter_feeds_prometheus_the_dashboard_and_the_health_alert(
             })
             .await?;
         ensure!(
-            firing["labels"]["gpu"] == "5" && firing["labels"]["NodeName"] != json!(null),
+            firing["labels"]["gpu"] == json!(card.to_string())
+                && firing["labels"]["NodeName"] != json!(null),
             "the alert names the card and node: {firing}"
         );
-        node.clear(5).await?;
+        let told = ctx
+            .wait_for("a Warning Event on the pod", WAIT, || async {
+                let text = ctx.kubectl_ok(
+                    &[
+                        "get",
+                        "events",
+                        "--field-selector",
+                        "involvedObject.name=tdm",
+                        "-o",
+                        "wide",
+                    ],
+                    None,
+                )?;
+                Ok(text.contains("GpuUnhealthy").then_some(text))
+            })
+            .await?;
+        ensure!(
+            told.contains("Warning") && told.contains(&format!("card {card} ")),
+            "{told}"
+        );
+        ensure!(
+            ctx.api::<Pod>().get_opt("tdm").await?.is_some(),
+            "the pod is left to its owner"
+        );
+        node.clear(card).await?;
         ctx.wait_for("GpuUnhealthy to clear", WAIT, || async {
             let firing = prometheus.firing()?;
             Ok((!firing
