@@ -95,3 +95,7 @@ gpu-check-build:
 # Check the NVML backend against nvidia-smi on this machine's NVIDIA cards, from target/gpu-check (builds nothing).
 gpu-check *args:
     e2e/gpu-check.sh {{args}}
+
+# Exporter benchmark: 8 cards x 32 TDM slices; scrape latency, collector CPU at a 10 s interval, memory (table, then JSON).
+bench-exporter:
+    cargo bench --quiet --locked -p runtimekit-node-agent --bench exporter
