@@ -129,6 +129,31 @@ pub fn gpu_lost() -> NewFault {
     }
 }
 
+/// NVLink links that were active are down (`links`: their numbers).
+pub fn nvlink_down(links: &[u32]) -> NewFault {
+    let list: Vec<String> = links.iter().map(u32::to_string).collect();
+    NewFault {
+        kind: FaultKind::NvlinkDown,
+        severity: Severity::Critical,
+        xid: 0,
+        reason: format!("NVLink link(s) {} down", list.join(", ")),
+        health_watch: "NVLINK",
+        instance: None,
+    }
+}
+
+/// NVLink error counters rose by `errors` between two polls: a warning (links retry).
+pub fn nvlink_errors(errors: u64) -> NewFault {
+    NewFault {
+        kind: FaultKind::NvlinkErrors,
+        severity: Severity::Warning,
+        xid: 0,
+        reason: format!("{errors} NVLink errors (CRC, replay, recovery) since the last poll"),
+        health_watch: "NVLINK",
+        instance: None,
+    }
+}
+
 /// The card's XID and ECC events cannot be watched (its event types cannot be read, or it
 /// refuses the registration): a warning, since nothing is known to be wrong with the card.
 pub fn events_unwatched(error: &str) -> NewFault {

@@ -111,6 +111,10 @@ struct BackendArgs {
     /// in the host PID namespace anyway).
     #[arg(long)]
     no_process_liveness: bool,
+    /// NVML: NVLink errors (CRC, replay, recovery, all links) between two health polls that
+    /// raise an NVLINK_ERRORS warning.
+    #[arg(long, default_value_t = 100)]
+    nvlink_error_burst: u64,
     /// NVML: how long after its last occurrence an XID fault clears, in seconds (the card must
     /// answer its poll too).
     #[arg(long, default_value_t = 300)]
@@ -152,6 +156,7 @@ impl BackendArgs {
                 check_process_liveness: !self.no_process_liveness,
                 init_timeout: Duration::from_secs(self.nvml_init_timeout_s),
                 xid_clear_after: Duration::from_secs(self.xid_clear_after_s),
+                nvlink_error_burst: self.nvlink_error_burst,
                 ..NvmlOptions::default()
             })?),
         })

@@ -842,3 +842,28 @@ fn an_xid_clears_after_a_quiet_window_on_a_card_that_answers() {
         "a lost card's XID stays"
     );
 }
+
+#[test]
+fn an_nvlink_link_down_fails_the_card_until_it_is_back_and_error_bursts_warn() {
+    let (fake, backend) = backend(&World::h100(2));
+    fake.edit(|w| w.cards[1].links[3].active = false)
+        .expect("edit");
+    wait_until("link 3 of card 1 down", || {
+        has_fault(&backend, 1, pb::FaultKind::NvlinkDown)
+    });
+    assert!(!backend.health().healthy(1));
+    assert!(backend.health().healthy(0));
+    fake.edit(|w| w.cards[1].links[3].active = true)
+        .expect("edit");
+    wait_until("the link back", || backend.health().healthy(1));
+
+    fake.edit(|w| w.cards[0].links[5].replay_errors += 1_000)
+        .expect("edit");
+    wait_until("an error burst on card 0", || {
+        has_fault(&backend, 0, pb::FaultKind::NvlinkErrors)
+    });
+    assert!(backend.health().healthy(0), "a burst is a warning");
+    wait_until("the burst to pass", || {
+        !has_fault(&backend, 0, pb::FaultKind::NvlinkErrors)
+    });
+}

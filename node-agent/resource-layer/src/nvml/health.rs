@@ -16,6 +16,7 @@ use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError};
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::event::EventSet;
+use nvml_wrapper_sys::bindings::NVML_NVLINK_MAX_LINKS;
 use runtimekit_proto::resource::v1alpha1 as pb;
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -40,6 +41,32 @@ fn dead_verdict(
 
 /// A card answered GPU_IS_LOST.
 struct Lost;
+
+/// What the poll remembers of a card's NVLink links.
+#[derive(Debug, Default)]
+pub(super) struct NvlinkWatch {
+    /// Links seen active: one of them inactive now is down.
+    expected: BTreeSet<u32>,
+    /// The error total at the last poll.
+    errors: Option<u64>,
+}
+
+impl NvlinkWatch {
+    /// Takes in a poll's active links and error total; returns the links down and the errors
+    /// since the last poll.
+    fn observe(&mut self, active: &BTreeSet<u32>, errors: Option<u64>) -> (Vec<u32>, u64) {
+        self.expected.extend(active);
+        let down = self.expected.difference(active).copied().collect();
+        let new_errors = match (self.errors, errors) {
+            (Some(before), Some(now)) => now.saturating_sub(before),
+            _ => 0,
+        };
+        if errors.is_some() {
+            self.errors = errors;
+        }
+        (down, new_errors)
+    }
+}
 
 /// Sorts a call's answer: GPU_IS_LOST stops the poll; other errors leave that check out.
 fn answer<T>(result: Result<T, NvmlError>) -> Result<Option<T>, Lost> {
@@ -140,6 +167,7 @@ impl Shared {
             }
             None => {}
         }
+        self.poll_nvlink(dev, index, uuid)?;
         if self.liveness_unavailable.is_none() {
             let dead_now: Vec<(u32, u64)> = answer(dev.running_compute_processes())?
                 .unwrap_or_default()
@@ -168,6 +196,49 @@ impl Shared {
                         .clear(index, Some(pb::FaultKind::DeadProcessMemory), None);
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// NVLink: a link seen active that is down now, and error bursts between polls.
+    fn poll_nvlink(&self, dev: &Device<'_>, index: u32, uuid: &str) -> Result<(), Lost> {
+        let mut active = BTreeSet::new();
+        for link in 0..NVML_NVLINK_MAX_LINKS {
+            match dev.link_wrapper_for(link).is_active() {
+                Ok(true) => {
+                    active.insert(link);
+                }
+                Ok(false) => {}
+                Err(NvmlError::GpuLost) => return Err(Lost),
+                // Past the card's links, or no NVLink at all.
+                Err(_) => break,
+            }
+        }
+        let errors = self.nvlink_error_total(dev);
+        let (down, burst) = lock(&self.nvlink)
+            .entry(index)
+            .or_default()
+            .observe(&active, errors);
+        if down.is_empty() {
+            self.hub.clear(index, Some(pb::FaultKind::NvlinkDown), None);
+        } else {
+            let fault = faults::nvlink_down(&down);
+            let same = self
+                .hub
+                .faults_of(index)
+                .iter()
+                .any(|f| f.kind() == pb::FaultKind::NvlinkDown && f.reason == fault.reason);
+            if !same {
+                // Other links than before: the fault says which now.
+                self.hub.clear(index, Some(pb::FaultKind::NvlinkDown), None);
+                self.hub.raise(index, uuid, fault);
+            }
+        }
+        if burst > self.options.nvlink_error_burst {
+            self.hub.raise(index, uuid, faults::nvlink_errors(burst));
+        } else {
+            self.hub
+                .clear(index, Some(pb::FaultKind::NvlinkErrors), None);
         }
         Ok(())
     }
@@ -359,5 +430,16 @@ mod tests {
         let (confirmed, next) = dead_verdict(&next, &[]);
         assert!(confirmed.is_empty());
         assert!(next.is_empty());
+    }
+
+    #[test]
+    fn a_link_seen_active_and_now_inactive_is_down() {
+        let mut watch = NvlinkWatch::default();
+        let all: BTreeSet<u32> = (0..4).collect();
+        assert_eq!(watch.observe(&all, Some(10)), (vec![], 0));
+        let some: BTreeSet<u32> = [0, 1, 3].into();
+        assert_eq!(watch.observe(&some, Some(15)), (vec![2], 5));
+        assert_eq!(watch.observe(&all, None), (vec![], 0), "no total: no burst");
+        assert_eq!(watch.observe(&all, Some(15)), (vec![], 0));
     }
 }

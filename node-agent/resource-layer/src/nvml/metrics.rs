@@ -110,6 +110,16 @@ const PER_LINK_ERRORS: [(u32, u32); 3] = [
 ];
 
 impl Shared {
+    /// The card's NVLink error total (CRC flit and data, replay, recovery), when it has one.
+    pub(super) fn nvlink_error_total(&self, dev: &Device<'_>) -> Option<u64> {
+        let r = self.nvlink_readings(dev);
+        let parts = [r.crc_flit, r.crc_data, r.replay, r.recovery];
+        parts
+            .iter()
+            .any(Option::is_some)
+            .then(|| parts.iter().flatten().sum())
+    }
+
     /// Memory temperature and NVLink counters in one field-value call: throughput summed by
     /// the driver (scope `UINT_MAX`), error counters summed here over every link that has
     /// them, the device totals where no link does.

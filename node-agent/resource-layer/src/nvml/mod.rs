@@ -67,6 +67,8 @@ pub struct NvmlOptions {
     pub hang_threshold: Duration,
     /// How often ECC, remapped rows, lost cards and dead processes are polled.
     pub poll_interval: Duration,
+    /// NVLink errors (CRC, replay, recovery, all links) between two polls that make a burst.
+    pub nvlink_error_burst: u64,
     /// How long after its last occurrence an XID fault clears, once the card answers: NVML
     /// reports an XID, not its end, so a quiet window stands for "the condition cleared".
     pub xid_clear_after: Duration,
@@ -90,6 +92,7 @@ impl Default for NvmlOptions {
             hang_threshold: Duration::from_secs(5),
             poll_interval: Duration::from_secs(10),
             xid_clear_after: Duration::from_secs(300),
+            nvlink_error_burst: 100,
             init_timeout: Duration::from_secs(60),
             check_process_liveness: true,
             pid_namespace: PathBuf::from("/proc/self/ns/pid"),
@@ -144,6 +147,8 @@ struct Shared {
     changes: Vec<Mutex<()>>,
     /// The last XID of each card, for the metrics.
     last_xid: Mutex<BTreeMap<u32, u32>>,
+    /// Each card's NVLink watch: links seen active, and the error total at the last poll.
+    nvlink: Mutex<BTreeMap<u32, health::NvlinkWatch>>,
     /// When each (card, XID) was last reported, to clear it after a quiet window.
     xid_seen: Mutex<BTreeMap<(u32, u32), std::time::Instant>>,
     /// Per-process utilisation samples read so far, per card: every reader sees them, not only
@@ -223,6 +228,7 @@ impl NvmlBackend {
             changes: (0..count).map(|_| Mutex::new(())).collect(),
             last_xid: Mutex::new(BTreeMap::new()),
             xid_seen: Mutex::new(BTreeMap::new()),
+            nvlink: Mutex::new(BTreeMap::new()),
             util: Mutex::new(BTreeMap::new()),
             gpm: Mutex::new(BTreeMap::new()),
             dead_seen: Mutex::new(BTreeMap::new()),
