@@ -1,19 +1,149 @@
 //! The operator's Prometheus metrics and its HTTP endpoints: `/metrics`, `/healthz` and `/readyz`
-//! (ready after the first full sync of every watched kind).
+//! (ready after the first full sync of every watched kind). Besides its own work, it serves the
+//! ledger the custom resources keep (`gpuslices`, `ganggroup_*`, `topologygroup_*`), summed
+//! from the watched state at each scrape.
 
+use crate::state::Ledger;
 use axum::Router;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+
+/// Where the ledger comes from: the watched state, once the operator has one.
+type LedgerSource = Box<dyn Fn() -> Ledger + Send + Sync>;
+
+/// Where the ledger will come from, set once the state exists.
+#[derive(Clone, Default)]
+struct LedgerSlot(Arc<OnceLock<LedgerSource>>);
+
+impl std::fmt::Debug for LedgerSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LedgerSlot")
+    }
+}
+
+/// The ledger families, read from the source at each scrape.
+#[derive(Debug)]
+struct LedgerView(LedgerSlot);
+
+impl Collector for LedgerView {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Some(source) = self.0.0.get() else {
+            return Ok(());
+        };
+        let ledger = source();
+        let mut slices = encoder.encode_descriptor(
+            "gpuslices",
+            "GpuSlices by node, mode, phase and MIG profile",
+            None,
+            MetricType::Gauge,
+        )?;
+        for ((node, mode, phase, profile), count) in &ledger.slices {
+            let labels = [
+                ("node", node.as_str()),
+                ("mode", mode.as_str()),
+                ("phase", phase.as_str()),
+                ("profile", profile.as_str()),
+            ];
+            slices
+                .encode_family(&labels)?
+                .encode_gauge(&(*count as i64))?;
+        }
+        let mut members = encoder.encode_descriptor(
+            "ganggroup_members",
+            "GangGroup members by state (min is the gang's size)",
+            None,
+            MetricType::Gauge,
+        )?;
+        for gang in &ledger.gangs {
+            let counts = [
+                ("min", gang.min_member),
+                ("seen", gang.members[0]),
+                ("reserved", gang.members[1]),
+                ("bound", gang.members[2]),
+                ("running", gang.members[3]),
+            ];
+            for (state, count) in counts {
+                let labels = [
+                    ("namespace", gang.namespace.as_str()),
+                    ("ganggroup", gang.name.as_str()),
+                    ("phase", gang.phase.as_str()),
+                    ("state", state),
+                ];
+                members
+                    .encode_family(&labels)?
+                    .encode_gauge(&i64::from(count))?;
+            }
+        }
+        let mut attempts = encoder.encode_descriptor(
+            "ganggroup_attempts",
+            "Placement attempts of each GangGroup",
+            None,
+            MetricType::Gauge,
+        )?;
+        for gang in &ledger.gangs {
+            let labels = [
+                ("namespace", gang.namespace.as_str()),
+                ("ganggroup", gang.name.as_str()),
+            ];
+            attempts
+                .encode_family(&labels)?
+                .encode_gauge(&i64::from(gang.attempts))?;
+        }
+        let mut cards = encoder.encode_descriptor(
+            "topologygroup_cards",
+            "Cards of each TopologyGroup and everything under it, by state (total, healthy, free, mig)",
+            None,
+            MetricType::Gauge,
+        )?;
+        for group in &ledger.groups {
+            let c = &group.capacity;
+            for (state, count) in [
+                ("total", c.cards),
+                ("healthy", c.healthy_cards),
+                ("free", c.free_cards),
+                ("mig", c.mig_cards),
+            ] {
+                let labels = [
+                    ("topologygroup", group.name.as_str()),
+                    ("tier", group.tier.as_str()),
+                    ("state", state),
+                ];
+                cards
+                    .encode_family(&labels)?
+                    .encode_gauge(&i64::from(count))?;
+            }
+        }
+        let mut nodes = encoder.encode_descriptor(
+            "topologygroup_nodes",
+            "Kubernetes nodes in each TopologyGroup",
+            None,
+            MetricType::Gauge,
+        )?;
+        for group in &ledger.groups {
+            let labels = [
+                ("topologygroup", group.name.as_str()),
+                ("tier", group.tier.as_str()),
+            ];
+            nodes
+                .encode_family(&labels)?
+                .encode_gauge(&i64::from(group.capacity.nodes))?;
+        }
+        Ok(())
+    }
+}
 
 /// How a scheduling attempt ended.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
@@ -60,6 +190,7 @@ pub struct Metrics {
     pub holding_pods: Gauge,
     gangs: Family<PhaseLabels, Gauge>,
     ready: AtomicBool,
+    ledger: LedgerSlot,
 }
 
 impl Metrics {
@@ -112,7 +243,10 @@ impl Metrics {
                 })
                 .set(0);
         }
+        let ledger = LedgerSlot::default();
+        registry.register_collector(Box::new(LedgerView(ledger.clone())));
         Metrics {
+            ledger,
             registry,
             attempts,
             decision_seconds,
@@ -137,6 +271,11 @@ impl Metrics {
                 phase: phase.into(),
             })
             .set(count);
+    }
+
+    /// Serves the ledger from `source` (the watched state), read at each scrape.
+    pub fn attach_ledger(&self, source: LedgerSource) {
+        let _ = self.ledger.0.set(source);
     }
 
     /// Marks the operator ready (after the first full sync).

@@ -82,6 +82,12 @@ pub async fn run_with(
         State::new(config.clone()),
         Arc::clone(&metrics),
     ));
+    let weak = Arc::downgrade(&shared);
+    metrics.attach_ledger(Box::new(move || {
+        weak.upgrade()
+            .map(|shared| shared.lock().ledger())
+            .unwrap_or_default()
+    }));
 
     let mut tasks = JoinSet::new();
     tasks.spawn(async move {

@@ -4,7 +4,7 @@
 //! clears with it.
 
 use crate::node_agent::AgentNode;
-use crate::operator::with_operator;
+use crate::operator::{Operator, finish};
 use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::PostParams;
@@ -56,106 +56,130 @@ async fn exporter_feeds_prometheus_the_dashboard_and_the_health_alert(
     ctx: TestContext,
 ) -> Result<()> {
     let node = AgentNode::start(&ctx, "exp", "h800-8").await?;
-    let prometheus =
-        Prometheus::start(&ctx, &[("lj-runtimekit-exporter", node.metrics)], RULES).await?;
-    with_operator(ctx, |ctx| async move {
-        // The usage guide's TDM pod, placed on the agent's node.
-        let pod: Pod = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Pod",
+    let operator = Operator::start(&ctx, "op-exp").await?;
+    let prometheus = Prometheus::start(
+        &ctx,
+        &[
+            ("lj-runtimekit-exporter", node.metrics),
+            ("lj-runtimekit-operator", operator.listen),
+        ],
+        RULES,
+    )
+    .await?;
+    let outcome = scraped(&ctx, &node, &prometheus).await;
+    let finished = finish(&ctx, operator).await;
+    outcome?;
+    finished
+}
+
+/// The checks against the running agent, operator and Prometheus.
+async fn scraped(ctx: &TestContext, node: &AgentNode, prometheus: &Prometheus) -> Result<()> {
+    // The usage guide's TDM pod, placed on the agent's node.
+    let pod: Pod = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": "tdm"},
             "spec": {"schedulerName": "lj-runtimekit-scheduler", "runtimeClassName": "lj-runtime",
                 "containers": [{"name": "app", "image": "busybox", "resources": {"limits":
                     {"aliyun.com/gpu-core": "50", "aliyun.com/gpu-memory": "4"}}}]}}))?;
-        ctx.api::<Pod>()
-            .create(&PostParams::default(), &pod)
-            .await?;
+    ctx.api::<Pod>()
+        .create(&PostParams::default(), &pod)
+        .await?;
 
-        for query in dashboard_queries()? {
-            ctx.wait_for(&format!("series for {query}"), WAIT, || async {
-                Ok((!prometheus.query(&query)?.is_empty()).then_some(()))
-            })
-            .await?;
-        }
-        let used = r#"DCGM_FI_CONTAINER_FB_USED{pod="tdm", container_name="app"}"#;
-        let share =
-            r#"DCGM_FI_CONTAINER_FB_USED{pod="tdm"} / DCGM_FI_CONTAINER_FB_LIMIT{pod="tdm"}"#;
-        let limit = ctx
-            .wait_for("the TDM pod's memory and limit", WAIT, || async {
-                let used = prometheus.query(used)?;
-                let share = prometheus.query(share)?;
-                let limit = prometheus.query(r#"DCGM_FI_CONTAINER_FB_LIMIT{pod="tdm"}"#)?;
-                Ok((used.len() == 1 && share.len() == 1)
-                    .then(|| limit.first().map(|s| s["value"][1].clone()))
-                    .flatten())
-            })
-            .await?;
-        ensure!(limit == json!("4096"), "the pod's limit: {limit}");
-
-        // The usage guide's alert fires for a fault on the TDM pod's card and clears with it;
-        // the pod is told, and left running.
-        let card = ctx
-            .api::<GpuSlice>()
-            .list(&Default::default())
-            .await?
-            .items
-            .into_iter()
-            .find(|s| s.spec.pod.name == "tdm")
-            .and_then(|s| s.spec.card)
-            .context("the TDM pod's slice")?
-            .index;
-        let overall_zero = "DCGM_FI_HEALTH_WATCH_OVERALL == 0";
-        ensure!(
-            prometheus.query(overall_zero)?.is_empty(),
-            "healthy at first"
-        );
-        node.fault(card, pb::FaultKind::EccDbe, 0).await?;
-        let firing = ctx
-            .wait_for("GpuUnhealthy to fire", WAIT, || async {
-                let firing = prometheus.firing()?;
-                Ok(firing
-                    .into_iter()
-                    .find(|a| a["labels"]["alertname"] == "GpuUnhealthy"))
-            })
-            .await?;
-        ensure!(
-            firing["labels"]["gpu"] == json!(card.to_string())
-                && firing["labels"]["NodeName"] != json!(null),
-            "the alert names the card and node: {firing}"
-        );
-        let told = ctx
-            .wait_for("a Warning Event on the pod", WAIT, || async {
-                let text = ctx.kubectl_ok(
-                    &[
-                        "get",
-                        "events",
-                        "--field-selector",
-                        "involvedObject.name=tdm",
-                        "-o",
-                        "wide",
-                    ],
-                    None,
-                )?;
-                Ok(text.contains("GpuUnhealthy").then_some(text))
-            })
-            .await?;
-        ensure!(
-            told.contains("Warning") && told.contains(&format!("card {card} ")),
-            "{told}"
-        );
-        ensure!(
-            ctx.api::<Pod>().get_opt("tdm").await?.is_some(),
-            "the pod is left to its owner"
-        );
-        node.clear(card).await?;
-        ctx.wait_for("GpuUnhealthy to clear", WAIT, || async {
-            let firing = prometheus.firing()?;
-            Ok((!firing
-                .iter()
-                .any(|a| a["labels"]["alertname"] == "GpuUnhealthy"))
-            .then_some(()))
+    for query in dashboard_queries()? {
+        ctx.wait_for(&format!("series for {query}"), WAIT, || async {
+            Ok((!prometheus.query(&query)?.is_empty()).then_some(()))
         })
-        .await
-        .context("the alert after the fault cleared")?;
-        Ok(())
+        .await?;
+    }
+    let used = r#"DCGM_FI_CONTAINER_FB_USED{pod="tdm", container_name="app"}"#;
+    let share = r#"DCGM_FI_CONTAINER_FB_USED{pod="tdm"} / DCGM_FI_CONTAINER_FB_LIMIT{pod="tdm"}"#;
+    let limit = ctx
+        .wait_for("the TDM pod's memory and limit", WAIT, || async {
+            let used = prometheus.query(used)?;
+            let share = prometheus.query(share)?;
+            let limit = prometheus.query(r#"DCGM_FI_CONTAINER_FB_LIMIT{pod="tdm"}"#)?;
+            Ok((used.len() == 1 && share.len() == 1)
+                .then(|| limit.first().map(|s| s["value"][1].clone()))
+                .flatten())
+        })
+        .await?;
+    ensure!(limit == json!("4096"), "the pod's limit: {limit}");
+
+    // The usage guide's alert fires for a fault on the TDM pod's card and clears with it;
+    // the pod is told, and left running.
+    let card = ctx
+        .api::<GpuSlice>()
+        .list(&Default::default())
+        .await?
+        .items
+        .into_iter()
+        .find(|s| s.spec.pod.name == "tdm")
+        .and_then(|s| s.spec.card)
+        .context("the TDM pod's slice")?
+        .index;
+    let overall_zero = "DCGM_FI_HEALTH_WATCH_OVERALL == 0";
+    ensure!(
+        prometheus.query(overall_zero)?.is_empty(),
+        "healthy at first"
+    );
+    node.fault(card, pb::FaultKind::EccDbe, 0).await?;
+    let firing = ctx
+        .wait_for("GpuUnhealthy to fire", WAIT, || async {
+            let firing = prometheus.firing()?;
+            Ok(firing
+                .into_iter()
+                .find(|a| a["labels"]["alertname"] == "GpuUnhealthy"))
+        })
+        .await?;
+    ensure!(
+        firing["labels"]["gpu"] == json!(card.to_string())
+            && firing["labels"]["NodeName"] != json!(null),
+        "the alert names the card and node: {firing}"
+    );
+    let told = ctx
+        .wait_for("a Warning Event on the pod", WAIT, || async {
+            let text = ctx.kubectl_ok(
+                &[
+                    "get",
+                    "events",
+                    "--field-selector",
+                    "involvedObject.name=tdm",
+                    "-o",
+                    "wide",
+                ],
+                None,
+            )?;
+            Ok(text.contains("GpuUnhealthy").then_some(text))
+        })
+        .await?;
+    ensure!(
+        told.contains("Warning") && told.contains(&format!("card {card} ")),
+        "{told}"
+    );
+    ensure!(
+        ctx.api::<Pod>().get_opt("tdm").await?.is_some(),
+        "the pod is left to its owner"
+    );
+    node.clear(card).await?;
+    ctx.wait_for("GpuUnhealthy to clear", WAIT, || async {
+        let firing = prometheus.firing()?;
+        Ok((!firing
+            .iter()
+            .any(|a| a["labels"]["alertname"] == "GpuUnhealthy"))
+        .then_some(()))
     })
     .await
+    .context("the alert after the fault cleared")?;
+
+    // The operator's ledger, from the custom resources it watches.
+    let slices = prometheus.query(r#"runtimekit_operator_gpuslices{mode="TDM"}"#)?;
+    ensure!(!slices.is_empty(), "the TDM slice in the ledger");
+    let cards = prometheus.query(&format!(
+            r#"runtimekit_operator_topologygroup_cards{{topologygroup="{}", tier="Node", state="total"}}"#,
+            node.name
+        ))?;
+    ensure!(
+        cards.first().map(|s| s["value"][1].clone()) == Some(json!("8")),
+        "the node's eight cards in the ledger: {cards:?}"
+    );
+    Ok(())
 }

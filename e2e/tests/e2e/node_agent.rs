@@ -78,7 +78,7 @@ async fn install_agent_access(ctx: &TestContext) -> Result<()> {
 
 /// A kwok node with its agent and test kubelet.
 pub(crate) struct AgentNode {
-    name: String,
+    pub(crate) name: String,
     dir: PathBuf,
     /// Where its exporter serves `/metrics`.
     pub(crate) metrics: std::net::SocketAddr,

@@ -47,7 +47,8 @@ pub(crate) struct Operator {
     task: tokio::task::JoinHandle<Result<()>>,
     /// Taken when the operator is stopped or killed; a runtime may not be dropped in async code.
     runtime: Option<tokio::runtime::Runtime>,
-    listen: std::net::SocketAddr,
+    /// Where it serves `/metrics`.
+    pub(crate) listen: std::net::SocketAddr,
 }
 
 impl Drop for Operator {

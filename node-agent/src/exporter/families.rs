@@ -614,107 +614,77 @@ mod tests {
             faults: &state.faults,
             pod_of_pid: &pods,
         });
-        let card0 = [
+        let card0: &[(&str, &str)] = &[
             ("gpu", "0"),
             ("UUID", "GPU-0"),
             ("modelName", "NVIDIA H800"),
         ];
-        assert_eq!(value(&families, "DCGM_FI_DEV_GPU_TEMP", &card0), Some(41.0));
-        assert_eq!(
-            value(&families, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", &card0),
-            Some(123_456.0)
-        );
-        assert_eq!(
-            value(&families, "DCGM_FI_DEV_GPU_TEMP", &[("gpu", "1")]),
-            None,
-            "a reading the card does not give has no sample"
-        );
         // The TDM pod: its own process only, and its limits beside.
-        let pod = [
+        let pod: &[(&str, &str)] = &[
             ("pod", "pod-t"),
             ("namespace", "ns"),
             ("container_name", "app"),
         ];
-        assert_eq!(
-            value(&families, "DCGM_FI_CONTAINER_FB_USED", &pod),
-            Some(3_000.0)
-        );
-        assert_eq!(
-            value(&families, "DCGM_FI_CONTAINER_SM_UTIL", &pod),
-            Some(35.0)
-        );
-        assert_eq!(
-            value(&families, "DCGM_FI_CONTAINER_FB_LIMIT", &pod),
-            Some(4_096.0)
-        );
-        assert_eq!(
-            value(&families, "DCGM_FI_CONTAINER_CORE_LIMIT", &pod),
-            Some(50.0)
-        );
         // The MIG pod: its instance's readings, with the instance's labels.
-        let mig = [
+        let mig: &[(&str, &str)] = &[
             ("pod", "pod-a"),
             ("GPU_I_PROFILE", "3g.40gb"),
             ("GPU_I_ID", "2"),
             ("gpu", "3"),
         ];
-        assert_eq!(
-            value(&families, "DCGM_FI_CONTAINER_FB_USED", &mig),
-            Some(1_500.0)
-        );
-        assert_eq!(
-            value(&families, "DCGM_FI_CONTAINER_FB_LIMIT", &mig),
-            Some(40_320.0)
-        );
-        // Health: card 2 has XID 79 (watch ALL).
-        assert_eq!(
-            value(&families, "DCGM_FI_HEALTH_WATCH_OVERALL", &[("gpu", "2")]),
-            Some(0.0)
-        );
-        assert_eq!(
-            value(&families, "DCGM_FI_HEALTH_WATCH_OVERALL", &[("gpu", "0")]),
-            Some(1.0)
-        );
-        assert_eq!(
-            value(&families, "DCGM_FI_HEALTH_WATCH_ALL", &[("gpu", "2")]),
-            Some(0.0)
-        );
-        assert_eq!(
-            value(&families, "DCGM_FI_HEALTH_WATCH_MEM", &[("gpu", "2")]),
-            Some(1.0)
-        );
-        assert_eq!(
-            value(
-                &families,
+        let expected: &[(&str, &[(&str, &str)], Option<f64>)] = &[
+            ("DCGM_FI_DEV_GPU_TEMP", card0, Some(41.0)),
+            (
+                "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+                card0,
+                Some(123_456.0),
+            ),
+            // A reading the card does not give has no sample.
+            ("DCGM_FI_DEV_GPU_TEMP", &[("gpu", "1")], None),
+            ("DCGM_FI_CONTAINER_FB_USED", pod, Some(3_000.0)),
+            ("DCGM_FI_CONTAINER_SM_UTIL", pod, Some(35.0)),
+            ("DCGM_FI_CONTAINER_FB_LIMIT", pod, Some(4_096.0)),
+            ("DCGM_FI_CONTAINER_CORE_LIMIT", pod, Some(50.0)),
+            ("DCGM_FI_CONTAINER_FB_USED", mig, Some(1_500.0)),
+            ("DCGM_FI_CONTAINER_FB_LIMIT", mig, Some(40_320.0)),
+            // Card 2 has XID 79 (watch ALL).
+            ("DCGM_FI_HEALTH_WATCH_OVERALL", &[("gpu", "2")], Some(0.0)),
+            ("DCGM_FI_HEALTH_WATCH_OVERALL", &[("gpu", "0")], Some(1.0)),
+            ("DCGM_FI_HEALTH_WATCH_ALL", &[("gpu", "2")], Some(0.0)),
+            ("DCGM_FI_HEALTH_WATCH_MEM", &[("gpu", "2")], Some(1.0)),
+            (
                 "DCGM_EXP_GPU_HEALTH_STATUS",
                 &[
                     ("gpu", "2"),
                     ("health_watch", "ALL"),
-                    ("health_error_code", "DCGM_FR_XID")
-                ]
+                    ("health_error_code", "DCGM_FR_XID"),
+                ],
+                Some(20.0),
             ),
-            Some(20.0)
-        );
-        assert_eq!(
-            value(
-                &families,
+            (
                 "DCGM_EXP_GPU_HEALTH_STATUS",
-                &[("gpu", "0"), ("health_watch", "ALL")]
+                &[("gpu", "0"), ("health_watch", "ALL")],
+                Some(0.0),
             ),
-            Some(0.0)
-        );
+        ];
+        for (family, labels, want) in expected {
+            assert_eq!(
+                value(&families, family, labels),
+                *want,
+                "{family} {labels:?}"
+            );
+        }
     }
 
-    #[test]
-    fn every_family_is_in_the_metrics_definition() {
-        let doc = include_str!("../../../docs/metrics-definition.md");
+    /// The families of the fixture node with nothing running.
+    fn idle_families() -> Vec<Family> {
         let state = four_cards();
         let devices: Vec<pb::Device> = state
             .inventory
             .as_ref()
             .map(|i| i.devices.values().cloned().collect())
             .unwrap_or_default();
-        let all = families(&Inputs {
+        families(&Inputs {
             node_name: "n1",
             hostname: "n1",
             driver_version: "",
@@ -724,7 +694,13 @@ mod tests {
             slices: &[],
             faults: &state.faults,
             pod_of_pid: &BTreeMap::new(),
-        });
+        })
+    }
+
+    #[test]
+    fn every_family_is_in_the_metrics_definition() {
+        let doc = include_str!("../../../docs/metrics-definition.md");
+        let all = idle_families();
         for family in all {
             let suffix = family.name.rsplit('_').next().unwrap_or_default();
             let listed = doc.contains(&format!("`{}`", family.name))
@@ -740,23 +716,7 @@ mod tests {
 
     #[test]
     fn series_of_ended_pods_go_with_their_slices() {
-        let state = four_cards();
-        let devices: Vec<pb::Device> = state
-            .inventory
-            .as_ref()
-            .map(|i| i.devices.values().cloned().collect())
-            .unwrap_or_default();
-        let families = families(&Inputs {
-            node_name: "n1",
-            hostname: "n1",
-            driver_version: "",
-            devices: &devices,
-            metrics: &[],
-            instances: &[],
-            slices: &[],
-            faults: &state.faults,
-            pod_of_pid: &BTreeMap::new(),
-        });
+        let families = idle_families();
         assert!(
             families
                 .iter()

@@ -42,7 +42,7 @@ pub(super) struct NodeGroup {
     /// The group's parent as the API has it.
     parent: Option<String>,
     /// The capacity the agent reports.
-    capacity: TopologyCapacity,
+    pub(super) capacity: TopologyCapacity,
     /// Whether the agent was last reported as not reporting.
     stale_reported: bool,
     /// A hash of the cards and NICs last given to the engine.

@@ -10,6 +10,7 @@
 mod allocations;
 mod gangs;
 mod groups;
+mod ledger;
 mod nodes;
 mod pods;
 mod queue;
@@ -19,6 +20,7 @@ mod slices;
 pub use allocations::RESTORE_GRACE;
 pub use gangs::{GangBinding, GangError};
 pub use groups::{AGENT_STALE_AFTER, TopologyPlan};
+pub use ledger::{GangLine, GroupLine, Ledger};
 pub use nodes::IMPLICIT_NETWORK_POD;
 pub use queue::{Binding, Outcome};
 pub use records::{Life, Pending, PodRecord, Recorded, SliceRecord};

@@ -131,6 +131,10 @@ pub struct SliceRecord {
     pub gang: bool,
     /// Whether its status shows that no agent acted on it yet (no phase, or Reserved).
     pub untouched: bool,
+    /// Its mode, phase and MIG profile, for the ledger metrics.
+    pub mode: runtimekit_crds::SliceMode,
+    pub phase: Option<runtimekit_crds::SlicePhase>,
+    pub profile: Option<String>,
 }
 
 /// A copy of a pending pod with what scheduling never reads removed (managed fields, container

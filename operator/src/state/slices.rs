@@ -70,6 +70,9 @@ impl State {
                 .status
                 .as_ref()
                 .is_none_or(|s| matches!(s.phase, None | Some(SlicePhase::Reserved))),
+            mode: slice.spec.mode,
+            phase: slice.status.as_ref().and_then(|s| s.phase),
+            profile: slice.spec.mig_profile.clone(),
         };
         // A bound pod's allocation decides its cards: a slice that disagrees with it is released
         // (by `settle_recorded`) rather than counted.
