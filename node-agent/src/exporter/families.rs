@@ -534,6 +534,9 @@ mod tests {
     use crate::fixtures::{fault, four_cards, slice};
     use runtimekit_crds::SlicePhase;
 
+    /// A family, labels its series must have, and the value it must show (none: no series).
+    type Expected<'a> = (&'a str, &'a [(&'a str, &'a str)], Option<f64>);
+
     /// The value of the series of `family` whose labels include every pair of `with`.
     fn value(families: &[Family], family: &str, with: &[(&str, &str)]) -> Option<f64> {
         families
@@ -632,7 +635,7 @@ mod tests {
             ("GPU_I_ID", "2"),
             ("gpu", "3"),
         ];
-        let expected: &[(&str, &[(&str, &str)], Option<f64>)] = &[
+        let expected: &[Expected] = &[
             ("DCGM_FI_DEV_GPU_TEMP", card0, Some(41.0)),
             (
                 "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
