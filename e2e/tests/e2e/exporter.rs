@@ -1,7 +1,8 @@
-//! The node agent's exporter scraped by a real Prometheus: the dcgm-exporter dashboard's
-//! queries, unchanged, return series; a TDM pod's memory and its limit are one query each; the
-//! usage guide's alert `DCGM_FI_HEALTH_WATCH_OVERALL == 0` fires for an injected fault and
-//! clears with it.
+//! The node agent's exporter and the operator scraped by a real Prometheus: the queries of the
+//! dcgm-exporter dashboard (unchanged) and of this project's dashboard return series; a TDM
+//! pod's memory and its limit are one query each; the usage guide's alert
+//! `DCGM_FI_HEALTH_WATCH_OVERALL == 0` fires for an injected fault and clears with it; the
+//! operator's ledger shows the slice and the node's cards.
 
 use crate::node_agent::AgentNode;
 use crate::operator::{Operator, finish};
@@ -28,11 +29,10 @@ const RULES: &str = r#"groups:
         expr: DCGM_FI_HEALTH_WATCH_OVERALL == 0
 "#;
 
-/// Every query of the dcgm-exporter dashboard (`e2e/tests/compat`), with its variables set to
-/// "All" as Grafana does.
-fn dashboard_queries() -> Result<Vec<String>> {
-    let path =
-        runtimekit_e2e::tools::repo_root().join("e2e/tests/compat/dcgm-exporter-dashboard.json");
+/// Every query of a Grafana dashboard in the repository, with its variables set to "All" as
+/// Grafana does.
+fn dashboard_queries(file: &str) -> Result<Vec<String>> {
+    let path = runtimekit_e2e::tools::repo_root().join(file);
     let dashboard: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
     let mut queries = Vec::new();
     let mut panels: Vec<&serde_json::Value> = dashboard["panels"]
@@ -44,7 +44,11 @@ fn dashboard_queries() -> Result<Vec<String>> {
         panels.extend(panel["panels"].as_array().into_iter().flatten());
         for target in panel["targets"].as_array().into_iter().flatten() {
             if let Some(expr) = target["expr"].as_str() {
-                queries.push(expr.replace("$instance", ".*").replace("$gpu", ".*"));
+                let mut query = expr.to_owned();
+                for variable in ["$instance", "$gpu", "$node"] {
+                    query = query.replace(variable, ".*");
+                }
+                queries.push(query);
             }
         }
     }
@@ -84,7 +88,11 @@ async fn scraped(ctx: &TestContext, node: &AgentNode, prometheus: &Prometheus) -
         .create(&PostParams::default(), &pod)
         .await?;
 
-    for query in dashboard_queries()? {
+    let mut queries = dashboard_queries("e2e/tests/compat/dcgm-exporter-dashboard.json")?;
+    queries.extend(dashboard_queries(
+        "config/grafana/runtimekit-dashboard.json",
+    )?);
+    for query in queries {
         ctx.wait_for(&format!("series for {query}"), WAIT, || async {
             Ok((!prometheus.query(&query)?.is_empty()).then_some(()))
         })
