@@ -120,6 +120,7 @@ impl Card {
                 mem_clock_mhz: 2_619,
                 ..Readings::default()
             },
+            compute_mode: 0,
             gpm: true,
             gpm_samples: 0,
             supported_events: crate::XID_EVENT | crate::DBE_EVENT,

@@ -51,6 +51,8 @@ pub struct Card {
     pub links: Vec<Link>,
     pub processes: Vec<Process>,
     pub readings: Readings,
+    /// NVML's compute mode: 0 default, 2 prohibited, 3 exclusive process.
+    pub compute_mode: u32,
     /// GPM (Hopper and newer).
     pub gpm: bool,
     /// GPM samples taken of the card so far.

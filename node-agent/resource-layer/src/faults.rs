@@ -154,6 +154,27 @@ pub fn nvlink_errors(errors: u64) -> NewFault {
     }
 }
 
+/// The card's compute mode keeps work off it: `prohibited` fails the card; an exclusive mode
+/// (one process only, so slices cannot share it) is a warning.
+pub fn compute_mode(mode: &str, prohibited: bool) -> NewFault {
+    NewFault {
+        kind: FaultKind::ComputeMode,
+        severity: if prohibited {
+            Severity::Critical
+        } else {
+            Severity::Warning
+        },
+        xid: 0,
+        reason: if prohibited {
+            format!("compute mode {mode}: no process may use the card")
+        } else {
+            format!("compute mode {mode}: one process at a time, so slices cannot share the card")
+        },
+        health_watch: "SM",
+        instance: None,
+    }
+}
+
 /// The card's XID and ECC events cannot be watched (its event types cannot be read, or it
 /// refuses the registration): a warning, since nothing is known to be wrong with the card.
 pub fn events_unwatched(error: &str) -> NewFault {

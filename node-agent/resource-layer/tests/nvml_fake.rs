@@ -867,3 +867,26 @@ fn an_nvlink_link_down_fails_the_card_until_it_is_back_and_error_bursts_warn() {
         !has_fault(&backend, 0, pb::FaultKind::NvlinkErrors)
     });
 }
+
+#[test]
+fn a_compute_mode_that_keeps_work_off_a_card_is_a_fault() {
+    let (fake, backend) = backend(&World::h100(2));
+    // PROHIBITED: nothing may run there.
+    fake.edit(|w| w.cards[0].compute_mode = 2).expect("edit");
+    wait_until("card 0 prohibited", || {
+        has_fault(&backend, 0, pb::FaultKind::ComputeMode)
+    });
+    assert!(!backend.health().healthy(0));
+    // EXCLUSIVE_PROCESS: usable whole, not shared; a warning.
+    fake.edit(|w| {
+        w.cards[0].compute_mode = 0;
+        w.cards[1].compute_mode = 3;
+    })
+    .expect("edit");
+    wait_until("card 0 back, card 1 exclusive", || {
+        backend.health().healthy(0)
+            && !has_fault(&backend, 0, pb::FaultKind::ComputeMode)
+            && has_fault(&backend, 1, pb::FaultKind::ComputeMode)
+    });
+    assert!(backend.health().healthy(1), "a warning");
+}

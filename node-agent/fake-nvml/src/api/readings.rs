@@ -36,6 +36,17 @@ pub unsafe extern "C" fn nvmlDeviceGetTemperature(
 }
 
 #[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetComputeMode(
+    device: nv::nvmlDevice_t,
+    mode: *mut nv::nvmlComputeMode_t,
+) -> Ret {
+    ret(query("nvmlDeviceGetComputeMode", device, |_, card, _| {
+        // SAFETY: the caller's out-pointer.
+        unsafe { put(mode, card.compute_mode as nv::nvmlComputeMode_t) }
+    }))
+}
+
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetPowerUsage(
     device: nv::nvmlDevice_t,
     power: *mut c_uint,

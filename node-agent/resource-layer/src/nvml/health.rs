@@ -12,7 +12,7 @@ use crate::sysfs::Sysfs;
 use crate::util::lock;
 use nvml_wrapper::Device;
 use nvml_wrapper::bitmasks::event::EventTypes;
-use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError};
+use nvml_wrapper::enum_wrappers::device::{ComputeMode, EccCounter, MemoryError};
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::event::EventSet;
@@ -168,6 +168,26 @@ impl Shared {
             None => {}
         }
         self.poll_nvlink(dev, index, uuid)?;
+        match answer(dev.compute_mode())? {
+            Some(ComputeMode::Default) | None => {
+                self.hub
+                    .clear(index, Some(pb::FaultKind::ComputeMode), None);
+            }
+            Some(mode) => {
+                let prohibited = mode == ComputeMode::Prohibited;
+                let fault = faults::compute_mode(&format!("{mode:?}"), prohibited);
+                if !self
+                    .hub
+                    .faults_of(index)
+                    .iter()
+                    .any(|f| f.reason == fault.reason)
+                {
+                    self.hub
+                        .clear(index, Some(pb::FaultKind::ComputeMode), None);
+                    self.hub.raise(index, uuid, fault);
+                }
+            }
+        }
         if self.liveness_unavailable.is_none() {
             let dead_now: Vec<(u32, u64)> = answer(dev.running_compute_processes())?
                 .unwrap_or_default()
