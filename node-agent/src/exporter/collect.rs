@@ -72,20 +72,13 @@ impl Collector {
             .await
             .unwrap_or_default();
         let state = self.state.borrow().clone();
-        let devices: Vec<pb::Device> = state
-            .inventory
-            .as_ref()
-            .map(|i| i.devices.values().cloned().collect())
-            .unwrap_or_default();
         let built = families(&Inputs {
             node_name: &self.node,
             hostname: &self.node,
             driver_version: &self.driver_version,
-            devices: &devices,
+            state: &state,
             metrics: &metrics,
             instances: &instances,
-            slices: &state.slices,
-            faults: &state.faults,
             pod_of_pid: &pod_of_pid,
         });
         self.snapshot.set(built);

@@ -13,8 +13,7 @@
 //!   Prometheus' text format wants a counter's name to end in `_total`, and the DCGM names must
 //!   stay as dashboards query them.
 
-use crate::health::FaultState;
-use crate::model::SliceInfo;
+use crate::model::{NodeState, SliceInfo};
 use runtimekit_crds::SliceMode;
 use runtimekit_proto::resource::v1alpha1 as pb;
 use std::collections::BTreeMap;
@@ -40,16 +39,21 @@ pub struct Inputs<'a> {
     pub node_name: &'a str,
     pub hostname: &'a str,
     pub driver_version: &'a str,
-    /// The cards, as the inventory lists them.
-    pub devices: &'a [pb::Device],
+    /// What the agent knows of the node: its cards, slices and faults.
+    pub state: &'a NodeState,
     /// Each card's readings, with its processes.
     pub metrics: &'a [pb::DeviceMetrics],
     /// The readings of the MIG instances, by instance key.
     pub instances: &'a [pb::InstanceMetrics],
-    pub slices: &'a [SliceInfo],
-    pub faults: &'a FaultState,
     /// The pod UID each process runs in, by PID (from its cgroup).
     pub pod_of_pid: &'a BTreeMap<u32, String>,
+}
+
+impl Inputs<'_> {
+    /// The cards, as the inventory lists them.
+    fn devices(&self) -> impl Iterator<Item = &pb::Device> {
+        self.state.inventory.iter().flat_map(|i| i.devices.values())
+    }
 }
 
 /// A card reading: family name, help, and how to read it.
@@ -307,8 +311,7 @@ fn card_families(inputs: &Inputs<'_>) -> Vec<Family> {
             name,
             help,
             samples: inputs
-                .devices
-                .iter()
+                .devices()
                 .filter_map(|device| {
                     let m = inputs
                         .metrics
@@ -387,8 +390,8 @@ fn container_families(inputs: &Inputs<'_>) -> Vec<Family> {
     let mut sm = Vec::new();
     let mut memory_limit = Vec::new();
     let mut core_limit = Vec::new();
-    for slice in inputs.slices {
-        let Some(device) = inputs.devices.iter().find(|d| d.index == slice.card) else {
+    for slice in &inputs.state.slices {
+        let Some(device) = inputs.devices().find(|d| d.index == slice.card) else {
             continue;
         };
         let mut labels = card_labels(inputs, device);
@@ -461,15 +464,15 @@ fn health_families(inputs: &Inputs<'_>) -> Vec<Family> {
     let mut overall = Vec::new();
     let mut per_watch: Vec<Vec<Sample>> = vec![Vec::new(); WATCHES.len()];
     let mut status = Vec::new();
-    for device in inputs.devices {
+    for device in inputs.devices() {
         let labels = card_labels(inputs, device);
         let lost = device.state() == pb::DeviceState::Lost;
-        let healthy = !lost && device.healthy && inputs.faults.healthy(device.index);
+        let healthy = inputs.state.healthy(device);
         overall.push(Sample {
             labels: labels.clone(),
             value: f64::from(u8::from(healthy)),
         });
-        let faults = inputs.faults.faults(device.index);
+        let faults = inputs.state.faults.faults(device.index);
         for (w, (watch, _)) in WATCHES.iter().enumerate() {
             let of_watch = faults
                 .iter()
@@ -577,11 +580,6 @@ mod tests {
             }),
             ..Default::default()
         });
-        let devices: Vec<pb::Device> = state
-            .inventory
-            .as_ref()
-            .map(|i| i.devices.values().cloned().collect())
-            .unwrap_or_default();
         let metrics = vec![
             pb::DeviceMetrics {
                 device_index: 0,
@@ -610,11 +608,9 @@ mod tests {
             node_name: "n1",
             hostname: "n1",
             driver_version: "550.90.07",
-            devices: &devices,
+            state: &state,
             metrics: &metrics,
             instances: &instances,
-            slices: &state.slices,
-            faults: &state.faults,
             pod_of_pid: &pods,
         });
         let card0: &[(&str, &str)] = &[
@@ -681,21 +677,13 @@ mod tests {
 
     /// The families of the fixture node with nothing running.
     fn idle_families() -> Vec<Family> {
-        let state = four_cards();
-        let devices: Vec<pb::Device> = state
-            .inventory
-            .as_ref()
-            .map(|i| i.devices.values().cloned().collect())
-            .unwrap_or_default();
         families(&Inputs {
             node_name: "n1",
             hostname: "n1",
             driver_version: "",
-            devices: &devices,
+            state: &four_cards(),
             metrics: &[],
             instances: &[],
-            slices: &[],
-            faults: &state.faults,
             pod_of_pid: &BTreeMap::new(),
         })
     }
