@@ -86,6 +86,20 @@ impl HealthHub {
         true
     }
 
+    /// Raises a fault whose reason says the card's condition now (which links are down, which
+    /// compute mode): an active fault of the same kind with another reason or severity is
+    /// cleared first, so the fault shows the current one. Returns whether an event was sent.
+    pub fn raise_current(&self, device: u32, uuid: &str, fault: NewFault) -> bool {
+        let current = self.faults_of(device).iter().any(|f| {
+            f.kind() == fault.kind && f.reason == fault.reason && f.severity() == fault.severity
+        });
+        if current {
+            return false;
+        }
+        self.clear(device, Some(fault.kind), None);
+        self.raise(device, uuid, fault)
+    }
+
     /// Clears the faults of a card that match: every kind when `kind` is `None`, every XID
     /// code when `xid` is `None`. Returns how many were cleared.
     pub fn clear(&self, device: u32, kind: Option<FaultKind>, xid: Option<u32>) -> usize {
@@ -182,6 +196,22 @@ impl HealthHub {
 mod tests {
     use super::*;
     use crate::faults;
+
+    #[test]
+    fn a_current_fault_replaces_one_that_says_otherwise() {
+        let hub = HealthHub::new(Clock::manual(1_000));
+        assert!(hub.raise_current(1, "GPU-1", faults::nvlink_down(&[3])));
+        assert!(!hub.raise_current(1, "GPU-1", faults::nvlink_down(&[3])), "unchanged");
+        assert!(hub.raise_current(1, "GPU-1", faults::nvlink_down(&[3, 7])));
+        let faults = hub.faults_of(1);
+        assert_eq!(faults.len(), 1);
+        assert!(faults[0].reason.contains("3, 7"), "{}", faults[0].reason);
+        // A severity change is a change too.
+        assert!(hub.raise_current(1, "GPU-1", faults::compute_mode("Prohibited", true)));
+        assert!(!hub.healthy(1));
+        assert!(hub.raise_current(1, "GPU-1", faults::compute_mode("Prohibited", false)));
+        assert_eq!(hub.faults_of(1).len(), 2, "one NVLink, one compute-mode fault");
+    }
 
     #[test]
     fn raise_and_clear_emit_once_per_change() {

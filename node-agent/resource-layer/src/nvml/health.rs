@@ -175,17 +175,11 @@ impl Shared {
             }
             Some(mode) => {
                 let prohibited = mode == ComputeMode::Prohibited;
-                let fault = faults::compute_mode(&format!("{mode:?}"), prohibited);
-                if !self
-                    .hub
-                    .faults_of(index)
-                    .iter()
-                    .any(|f| f.reason == fault.reason)
-                {
-                    self.hub
-                        .clear(index, Some(pb::FaultKind::ComputeMode), None);
-                    self.hub.raise(index, uuid, fault);
-                }
+                self.hub.raise_current(
+                    index,
+                    uuid,
+                    faults::compute_mode(&format!("{mode:?}"), prohibited),
+                );
             }
         }
         if self.liveness_unavailable.is_none() {
@@ -242,17 +236,8 @@ impl Shared {
         if down.is_empty() {
             self.hub.clear(index, Some(pb::FaultKind::NvlinkDown), None);
         } else {
-            let fault = faults::nvlink_down(&down);
-            let same = self
-                .hub
-                .faults_of(index)
-                .iter()
-                .any(|f| f.kind() == pb::FaultKind::NvlinkDown && f.reason == fault.reason);
-            if !same {
-                // Other links than before: the fault says which now.
-                self.hub.clear(index, Some(pb::FaultKind::NvlinkDown), None);
-                self.hub.raise(index, uuid, fault);
-            }
+            self.hub
+                .raise_current(index, uuid, faults::nvlink_down(&down));
         }
         if burst > self.options.nvlink_error_burst {
             self.hub.raise(index, uuid, faults::nvlink_errors(burst));
