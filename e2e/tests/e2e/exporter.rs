@@ -5,7 +5,7 @@
 //! operator's ledger shows the slice and the node's cards.
 
 use crate::node_agent::AgentNode;
-use crate::operator::{Operator, finish};
+use crate::operator::{Operator, event, finish};
 use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::PostParams;
@@ -143,22 +143,7 @@ async fn scraped(ctx: &TestContext, node: &AgentNode, prometheus: &Prometheus) -
             && firing["labels"]["NodeName"] != json!(null),
         "the alert names the card and node: {firing}"
     );
-    let told = ctx
-        .wait_for("a Warning Event on the pod", WAIT, || async {
-            let text = ctx.kubectl_ok(
-                &[
-                    "get",
-                    "events",
-                    "--field-selector",
-                    "involvedObject.name=tdm",
-                    "-o",
-                    "wide",
-                ],
-                None,
-            )?;
-            Ok(text.contains("GpuUnhealthy").then_some(text))
-        })
-        .await?;
+    let told = event(ctx, "involvedObject.name=tdm", "GpuUnhealthy").await?;
     ensure!(
         told.contains("Warning") && told.contains(&format!("card {card} ")),
         "{told}"

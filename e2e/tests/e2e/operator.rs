@@ -409,14 +409,14 @@ pub(crate) async fn bound_count(ctx: &TestContext) -> Result<usize> {
 }
 
 /// Waits for an Event matching the field selector whose line contains `text` (the operator
-/// publishes Events in the background).
-pub(crate) async fn event(ctx: &TestContext, selector: &str, text: &str) -> Result<()> {
+/// and the agents publish Events in the background); returns the Events listed.
+pub(crate) async fn event(ctx: &TestContext, selector: &str, text: &str) -> Result<String> {
     ctx.wait_for(
         &format!("an event ({selector}) saying {text:?}"),
         Duration::from_secs(20),
         || async {
             let events = ctx.kubectl_ok(&["get", "events", "--field-selector", selector], None)?;
-            Ok(events.contains(text).then_some(()))
+            Ok(events.contains(text).then_some(events))
         },
     )
     .await

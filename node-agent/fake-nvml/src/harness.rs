@@ -19,7 +19,7 @@ pub struct FakeNvml {
 
 /// The fake library cargo built: `RUNTIMEKIT_FAKE_NVML` when set, else beside the running
 /// test binary (`target/<profile>/deps`) or one folder up.
-pub fn built_library() -> io::Result<PathBuf> {
+fn built_library() -> io::Result<PathBuf> {
     if let Some(path) = std::env::var_os("RUNTIMEKIT_FAKE_NVML") {
         return Ok(PathBuf::from(path));
     }

@@ -17,7 +17,6 @@ mod state;
 pub mod world;
 
 pub use harness::FakeNvml;
-pub use presets::h100_profiles;
 pub use state::WORLD_FILE;
 pub use world::World;
 

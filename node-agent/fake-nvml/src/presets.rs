@@ -54,7 +54,7 @@ fn profile(
 }
 
 /// H100 80GB's GPU-instance profiles (driver 550).
-pub fn h100_profiles() -> Vec<GiProfile> {
+fn h100_profiles() -> Vec<GiProfile> {
     vec![
         profile(0, 19, "1g.10gb", 1, 1, 7, 9_856, 16, &[0, 1, 2, 3, 4, 5, 6]),
         profile(

@@ -201,7 +201,10 @@ mod tests {
     fn a_current_fault_replaces_one_that_says_otherwise() {
         let hub = HealthHub::new(Clock::manual(1_000));
         assert!(hub.raise_current(1, "GPU-1", faults::nvlink_down(&[3])));
-        assert!(!hub.raise_current(1, "GPU-1", faults::nvlink_down(&[3])), "unchanged");
+        assert!(
+            !hub.raise_current(1, "GPU-1", faults::nvlink_down(&[3])),
+            "unchanged"
+        );
         assert!(hub.raise_current(1, "GPU-1", faults::nvlink_down(&[3, 7])));
         let faults = hub.faults_of(1);
         assert_eq!(faults.len(), 1);
@@ -210,7 +213,11 @@ mod tests {
         assert!(hub.raise_current(1, "GPU-1", faults::compute_mode("Prohibited", true)));
         assert!(!hub.healthy(1));
         assert!(hub.raise_current(1, "GPU-1", faults::compute_mode("Prohibited", false)));
-        assert_eq!(hub.faults_of(1).len(), 2, "one NVLink, one compute-mode fault");
+        assert_eq!(
+            hub.faults_of(1).len(),
+            2,
+            "one NVLink, one compute-mode fault"
+        );
     }
 
     #[test]
