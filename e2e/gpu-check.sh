@@ -199,13 +199,17 @@ echo
 say "processes: the helper's memory in both listings"
 smi --query-compute-apps=gpu_uuid,pid,used_memory --format=csv,noheader,nounits | sed 's/^/  nvidia-smi: /'
 grep -P '^card\t[0-9]+\tprocess\t' "$facts" | sed 's/^/  probe: /'
-if [[ -n "$holder_pid" ]]; then
-  held="$(awk -F'\t' -v p="$holder_pid" '$1=="card" && $2=="0" && $3=="process" && $4==p {print $5}' "$facts")"
+# The helper runs under timeout(1): the process holding memory is the one it names, not $!.
+gpu_pid="$(sed -n 's/^holding .* as pid \([0-9]*\).*/\1/p' "$work/hold.out")"
+if [[ -n "$holder_pid" && -n "$gpu_pid" ]]; then
+  held="$(awk -F'\t' -v p="$gpu_pid" '$1=="card" && $2=="0" && $3=="process" && $4==p {print $5}' "$facts")"
   if [[ -n "$held" && "$held" != "-" && "$held" -ge "$hold_mib" ]]; then
-    say "the helper (pid $holder_pid) holds $held MiB on card 0 in the probe's list"
+    say "the helper (pid $gpu_pid) holds $held MiB on card 0 in the probe's list"
   else
-    fail "the helper (pid $holder_pid, $hold_mib MiB) is not in the probe's list of card 0 (got '${held:-nothing}')"
+    fail "the helper (pid ${gpu_pid:-?}, $hold_mib MiB) is not in the probe's list of card 0 (got '${held:-nothing}')"
   fi
+elif [[ -n "$holder_pid" ]]; then
+  fail "the helper did not say which pid holds its memory: $(cat "$work/hold.out")"
 fi
 
 echo
