@@ -67,6 +67,31 @@ pub struct RuntimeKitConfig {
     pub runtime_class_name: String,
     /// The node labels that place a node in the network topology.
     pub topology_labels: TopologyLabels,
+    /// Functions an administrator switches on or off for the whole cluster.
+    pub features: Features,
+}
+
+/// Functions an administrator switches on or off for the whole cluster.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct Features {
+    /// Whether the operator taints the node of a faulted card, and with which effect.
+    pub health_taint: HealthTaint,
+}
+
+/// The taint the operator puts on a node while one of its cards is faulted (key
+/// `<prefix>/gpu-unhealthy`). Off by default: a node taint keeps new pods off the node's healthy
+/// cards too. `NoExecute` is not offered, since it would evict running pods behind their owners'
+/// backs.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum HealthTaint {
+    /// No taint (the default); faulted cards are still withheld from placement.
+    #[default]
+    Off,
+    /// New pods that do not tolerate the taint are not placed on the node.
+    NoSchedule,
+    /// Schedulers prefer other nodes; nothing is refused.
+    PreferNoSchedule,
 }
 
 /// The node labels that name a node's HyperNode, leaf switch and network pod; the operator
@@ -100,6 +125,7 @@ impl Default for RuntimeKitConfig {
             scheduler_name: DEFAULT_SCHEDULER_NAME.into(),
             runtime_class_name: DEFAULT_RUNTIME_CLASS.into(),
             topology_labels: TopologyLabels::default(),
+            features: Features::default(),
         }
     }
 }
@@ -142,6 +168,7 @@ impl RuntimeKitConfig {
             rdma: format!("{p}/rdma"),
             min_member_label: format!("{p}/min-member"),
             gang_name_label: format!("{p}/gang-name"),
+            health_taint: format!("{p}/gpu-unhealthy"),
         }
     }
 }
@@ -165,6 +192,9 @@ pub struct ResourceNames {
     pub min_member_label: String,
     /// The pod label naming a gang outside JobSet (`aliyun.com/gang-name`).
     pub gang_name_label: String,
+    /// The node taint marking a faulted card, when the health taint is on
+    /// (`aliyun.com/gpu-unhealthy`).
+    pub health_taint: String,
 }
 
 impl ResourceNames {
@@ -240,5 +270,32 @@ mod tests {
             );
         }
         assert_eq!(RuntimeKitConfig::default().validate(), Ok(()));
+    }
+
+    #[test]
+    fn the_health_taint_is_off_unless_set_and_never_evicts() {
+        let parse = |text: &str| serde_yaml::from_str::<RuntimeKitConfig>(text);
+        assert_eq!(
+            parse("resourcePrefix: aliyun.com")
+                .map(|c| c.features.health_taint)
+                .ok(),
+            Some(HealthTaint::Off)
+        );
+        assert_eq!(
+            parse("features: {healthTaint: PreferNoSchedule}")
+                .map(|c| c.features.health_taint)
+                .ok(),
+            Some(HealthTaint::PreferNoSchedule)
+        );
+        let refused = parse("features: {healthTaint: NoExecute}")
+            .err()
+            .map(|e| e.to_string());
+        assert!(
+            refused
+                .as_deref()
+                .is_some_and(|e| e.contains("unknown variant `NoExecute`")),
+            "{refused:?}"
+        );
+        assert!(parse("features: {healthTaints: NoSchedule}").is_err());
     }
 }

@@ -10,7 +10,9 @@ pub mod mig;
 pub mod quantity;
 pub mod request;
 
-pub use config::{MemoryUnit, ResourceNames, RuntimeKitConfig, TopologyLabels};
+pub use config::{
+    Features, HealthTaint, MemoryUnit, ResourceNames, RuntimeKitConfig, TopologyLabels,
+};
 pub use request::{
     CardRequest, ContainerRequest, ContractError, Finding, GangMembership, PodRequest, Violation,
     Warning, WholeCardName, check_gang_size, parse_pod,

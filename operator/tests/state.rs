@@ -314,6 +314,84 @@ fn a_stale_agent_has_its_cards_withheld() {
     bind(&mut state, "uid-p", Instant::now() + Duration::from_secs(2));
 }
 
+/// `node` with `taints` (key, value, effect).
+fn tainted(name: &str, taints: &[(&str, &str, &str)]) -> Node {
+    let mut node = node(name);
+    let taints = taints
+        .iter()
+        .map(|(key, value, effect)| json!({"key": key, "value": value, "effect": effect}))
+        .collect::<Vec<_>>();
+    node.spec = Some(serde_json::from_value(json!({"taints": taints})).expect("spec"));
+    node
+}
+
+/// `group` with the cards of `faulted` reported Unhealthy.
+fn faulted_group(node: &str, cards: u32, faulted: &[u32]) -> TopologyGroup {
+    let mut group = group(node, cards, Timestamp::now());
+    for card in &mut group.status.as_mut().expect("status").cards {
+        if faulted.contains(&card.index) {
+            card.health = CardHealth::Unhealthy;
+            card.health_reason = Some("XID 79: GPU has fallen off the bus".into());
+        }
+    }
+    group
+}
+
+#[test]
+fn the_health_taint_follows_faulted_cards_only_when_switched_on() {
+    use runtimekit_contract::HealthTaint;
+    let key = "aliyun.com/gpu-unhealthy";
+    let other = ("dedicated", "infer", "PreferNoSchedule");
+    let with = |setting: HealthTaint| {
+        let mut config = RuntimeKitConfig::default();
+        config.features.health_taint = setting;
+        let mut state = State::new(config);
+        state.apply_node(&tainted("n1", &[other]));
+        state.apply_group(&faulted_group("n1", 8, &[3, 5]), Timestamp::now());
+        state
+    };
+
+    // Off (the default): a faulted card taints nothing.
+    assert_eq!(with(HealthTaint::Off).health_taint_changes(), vec![]);
+
+    let mut state = with(HealthTaint::NoSchedule);
+    assert_eq!(state.health_taint_key(), key);
+    let changes = state.health_taint_changes();
+    assert_eq!(changes.len(), 1, "{changes:?}");
+    let taint = changes[0]
+        .taint
+        .clone()
+        .expect("a taint while cards are faulted");
+    assert_eq!(
+        (changes[0].node.as_str(), taint.value.as_str()),
+        ("n1", "gpu3_gpu5")
+    );
+    assert_eq!(taint.effect, runtimekit_placement::TaintEffect::NoSchedule);
+
+    // Once the Node carries it, nothing more is asked; when the cards heal it goes.
+    state.apply_node(&tainted("n1", &[other, (key, "gpu3_gpu5", "NoSchedule")]));
+    assert_eq!(state.health_taint_changes(), vec![]);
+    state.apply_group(&faulted_group("n1", 8, &[]), Timestamp::now());
+    let changes = state.health_taint_changes();
+    assert_eq!(changes.len(), 1, "{changes:?}");
+    assert_eq!(changes[0].taint, None);
+
+    // A fault on another card changes the value; PreferNoSchedule is honoured as set.
+    let mut state = with(HealthTaint::PreferNoSchedule);
+    state.apply_node(&tainted("n1", &[(key, "gpu3", "PreferNoSchedule")]));
+    let changes = state.health_taint_changes();
+    assert_eq!(
+        changes[0].taint.as_ref().map(|t| t.value.as_str()),
+        Some("gpu3_gpu5")
+    );
+
+    // Switched off with a taint left from before: it is removed.
+    let mut state = with(HealthTaint::Off);
+    state.apply_node(&tainted("n1", &[other, (key, "gpu3", "NoSchedule")]));
+    let changes = state.health_taint_changes();
+    assert_eq!((changes.len(), changes[0].taint.clone()), (1, None));
+}
+
 #[test]
 fn a_broken_request_is_reported_once_with_the_contract_message() {
     let mut state = cluster(1);

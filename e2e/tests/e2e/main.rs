@@ -8,6 +8,7 @@ mod control_plane;
 mod exporter;
 mod faults;
 mod gangs;
+mod health;
 mod node_agent;
 mod nvml_node;
 mod operator;
@@ -28,6 +29,7 @@ fn tests() -> Vec<Test> {
         trust::TESTS,
         contract_policy::TESTS,
         faults::TESTS,
+        health::TESTS,
         node_agent::TESTS,
         nvml_node::TESTS,
         exporter::TESTS,

@@ -70,7 +70,7 @@ pub(crate) const OPERATOR_USER: &str =
 /// Installs what users deploy for the operator's access: its namespace, RBAC and admission
 /// policies. The operator runs as its ServiceAccount with exactly these, so a missing permission
 /// or a write a policy refuses fails here as it would in a cluster.
-fn install_operator_access(ctx: &TestContext) -> Result<()> {
+pub(crate) fn install_operator_access(ctx: &TestContext) -> Result<()> {
     let namespace =
         json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": OPERATOR_NAMESPACE}});
     ctx.kubectl_ok(&["apply", "-f", "-"], Some(&namespace.to_string()))?;
@@ -108,19 +108,40 @@ async fn operator_client(ctx: &TestContext) -> Result<kube::Client> {
 impl Operator {
     /// Starts an operator with short Lease timings, so tests do not wait for takeovers.
     pub(crate) async fn start(ctx: &TestContext, identity: &str) -> Result<Operator> {
-        let timing = Timing {
-            lease_duration: Duration::from_secs(4),
-            renew_deadline: Duration::from_secs(3),
-            retry_period: Duration::from_millis(500),
-        };
-        Operator::start_with(ctx, identity, timing).await
+        Operator::start_with(ctx, identity, Operator::QUICK).await
     }
+
+    /// Lease timings short enough that tests do not wait for takeovers.
+    pub(crate) const QUICK: Timing = Timing {
+        lease_duration: Duration::from_secs(4),
+        renew_deadline: Duration::from_secs(3),
+        retry_period: Duration::from_millis(500),
+    };
 
     pub(crate) async fn start_with(
         ctx: &TestContext,
         identity: &str,
         timing: Timing,
     ) -> Result<Operator> {
+        Operator::start_configured(ctx, identity, timing, None).await
+    }
+
+    /// Starts an operator reading the shared configuration `config` (the defaults when `None`)
+    /// from a file, as a deployed one reads its ConfigMap.
+    pub(crate) async fn start_configured(
+        ctx: &TestContext,
+        identity: &str,
+        timing: Timing,
+        config: Option<&RuntimeKitConfig>,
+    ) -> Result<Operator> {
+        let config = match config {
+            Some(config) => {
+                let path = ctx.scratch_dir()?.join(format!("{identity}-config.yaml"));
+                std::fs::write(&path, serde_yaml::to_string(config)?)?;
+                Some(path)
+            }
+            None => None,
+        };
         // Pods name the lj-runtime RuntimeClass, which admission requires to exist.
         let runtime_class =
             runtimekit_e2e::tools::repo_root().join("config/runtime/runtimeclass.yaml");
@@ -132,7 +153,7 @@ impl Operator {
         listener.set_nonblocking(true)?;
         let listen = listener.local_addr()?;
         let options = RunOptions {
-            config: None,
+            config,
             listen,
             identity: identity.into(),
             namespace: OPERATOR_NAMESPACE.into(),
@@ -284,14 +305,36 @@ pub(crate) async fn reporting_node(
     groups
         .patch(&node_name, &params, &Patch::Apply(&group))
         .await?;
-    let healthy = u32::try_from(cards.len())?;
+    report_devices(ctx, &node_name, cards, nics).await?;
+    Ok(node_name)
+}
+
+/// Writes the TopologyGroup status the agent of `node` reports with `cards` and `nics`, and a
+/// fresh heartbeat.
+pub(crate) async fn report_devices(
+    ctx: &TestContext,
+    node: &str,
+    cards: Vec<CardStatus>,
+    nics: Vec<NicStatus>,
+) -> Result<()> {
+    let count = u32::try_from(cards.len())?;
+    let healthy = u32::try_from(
+        cards
+            .iter()
+            .filter(|c| c.health == CardHealth::Healthy)
+            .count(),
+    )?;
     let status = json!({"apiVersion": "runtimekit.aliyun.com/v1alpha1", "kind": "TopologyGroup", "status": {
         "cards": cards, "nics": nics, "heartbeatTime": Time(Timestamp::now()),
-        "capacity": {"nodes": 1, "cards": healthy, "healthyCards": healthy, "freeCards": healthy, "migCards": 0}}});
-    groups
-        .patch_status(&node_name, &params, &Patch::Apply(&status))
+        "capacity": {"nodes": 1, "cards": count, "healthyCards": healthy, "freeCards": healthy, "migCards": 0}}});
+    ctx.cluster_api::<TopologyGroup>()
+        .patch_status(
+            node,
+            &PatchParams::apply("e2e-agent").force(),
+            &Patch::Apply(&status),
+        )
         .await?;
-    Ok(node_name)
+    Ok(())
 }
 
 /// Eight H800 cards, none in MIG mode.

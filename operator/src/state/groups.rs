@@ -7,7 +7,7 @@ use super::{Feed, Now, State};
 use crate::topology::{self, AppliedGroup, DERIVED_LABEL};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use runtimekit_crds::{CardStatus, NicStatus, Tier, TopologyCapacity, TopologyGroup};
+use runtimekit_crds::{CardHealth, CardStatus, NicStatus, Tier, TopologyCapacity, TopologyGroup};
 use runtimekit_placement as placement;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -47,6 +47,8 @@ pub(super) struct NodeGroup {
     stale_reported: bool,
     /// A hash of the cards and NICs last given to the engine.
     devices: u64,
+    /// The cards its agent reports Unhealthy, by index.
+    pub(super) faulted: Vec<u32>,
 }
 
 /// What the TopologyGroup controller must write.
@@ -151,6 +153,12 @@ impl State {
                 .get(&name)
                 .is_some_and(|g| g.stale_reported);
             let capacity = status.capacity.clone().unwrap_or_default();
+            let faulted = status
+                .cards
+                .iter()
+                .filter(|c| c.health == CardHealth::Unhealthy)
+                .map(|c| c.index)
+                .collect();
             self.node_groups.insert(
                 name,
                 NodeGroup {
@@ -160,6 +168,7 @@ impl State {
                     capacity,
                     stale_reported,
                     devices,
+                    faulted,
                 },
             );
             return;

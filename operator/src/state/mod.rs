@@ -3,13 +3,14 @@
 //!
 //! Each watched kind feeds the state through one small [`Feed`] impl that lives beside the part
 //! of the state it feeds: pods (`pods`), GpuSlices (`slices`), nodes (`nodes`), TopologyGroups
-//! (`groups`) and GangGroups (`gangs`). The pending queue and its backoff are in `queue`, and the
+//! (`groups`, with the health taint they call for in `health`) and GangGroups (`gangs`). The pending queue and its backoff are in `queue`, and the
 //! cards a bound pod holds through its allocation annotation are in `allocations`. Nothing here
 //! reads the clock: every method that needs the time is given it.
 
 mod allocations;
 mod gangs;
 mod groups;
+mod health;
 mod ledger;
 mod nodes;
 mod pods;
@@ -20,6 +21,7 @@ mod slices;
 pub use allocations::RESTORE_GRACE;
 pub use gangs::{GangBinding, GangError};
 pub use groups::{AGENT_STALE_AFTER, TopologyPlan};
+pub use health::TaintChange;
 pub use ledger::{GangLine, GroupLine, Ledger};
 pub use nodes::IMPLICIT_NETWORK_POD;
 pub use queue::{Binding, Outcome};

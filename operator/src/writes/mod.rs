@@ -6,6 +6,7 @@ pub mod binding;
 pub mod gangs;
 pub mod report;
 pub mod slices;
+pub mod taints;
 pub mod topology;
 
 /// The scheduler: the GpuSlices and Bindings of single pods.
@@ -18,6 +19,8 @@ pub const GANGS: &str = SCHEDULER;
 pub const SLICES: &str = "lj-runtimekit-slices";
 /// The TopologyGroup controller: derived groups, parents, aggregate capacity, agent reporting.
 pub const TOPOLOGY: &str = "runtimekit-topology";
+/// The health taint on Nodes of faulted cards (`features.healthTaint`).
+pub const HEALTH: &str = "runtimekit-health";
 
 /// A server-side apply body for a `K`: `fields` (a JSON object) with the `apiVersion` and `kind`
 /// every apply body must name.
