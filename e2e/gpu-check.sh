@@ -11,6 +11,9 @@
 #     the `topo -m` matrix, NVLink state and error counters, MIG profiles, placements,
 #     GPU and compute instances; identities and counters must agree, live readings are shown;
 #   - runs the probe again as an unprivileged user: it must still list every card;
+#   - serves the NVML backend (health polls every 10 s, XID event wait, hang watch) for
+#     GPU_CHECK_LOAD_S seconds and prints its CPU use and the card's utilisation meanwhile:
+#     detection must cost at most 1 % of one core and put no load on the card;
 #   - checks that MIG mode, compute mode and the MIG instances are the same afterwards;
 #   - with GPU_CHECK_MIG_ROUNDTRIP=1, as root, creates one MIG instance and destroys it.
 # Every call runs under a timeout. Exits non-zero when there is no GPU or any check fails.
@@ -20,6 +23,7 @@
 #   GPU_CHECK_USER=nobody        the unprivileged user
 #   GPU_CHECK_MIG_ROUNDTRIP=1    also create and destroy one MIG instance (root only)
 #   GPU_CHECK_HOLD_MIB=1024      memory the helper holds on card 0
+#   GPU_CHECK_LOAD_S=40          how long the serving resource layer's load is measured
 set -uo pipefail
 
 bin_dir="${1:-$(dirname "$0")/../target/gpu-check}"
@@ -28,6 +32,7 @@ holder="$bin_dir/runtimekit-gpu-hold"
 limit="${GPU_CHECK_TIMEOUT:-60}"
 user="${GPU_CHECK_USER:-nobody}"
 hold_mib="${GPU_CHECK_HOLD_MIB:-1024}"
+load_s="${GPU_CHECK_LOAD_S:-40}"
 failures=0
 
 say() { echo "gpu-check: $*"; }
@@ -48,8 +53,10 @@ fi
 
 work="$(mktemp -d)"
 holder_pid=""
+serve_pid=""
 cleanup() {
   [[ -n "$holder_pid" ]] && kill "$holder_pid" 2>/dev/null
+  [[ -n "$serve_pid" ]] && kill "$serve_pid" 2>/dev/null
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -249,6 +256,45 @@ fi
 
 [[ -n "$holder_pid" ]] && kill "$holder_pid" 2>/dev/null
 holder_pid=""
+
+echo
+say "load: the resource layer serving the NVML backend for ${load_s} s"
+# Run directly (not under timeout(1)), so $! is the process whose CPU is read.
+"$layer" serve --backend nvml --socket "$work/layer.sock" --state-file "$work/layer-state" \
+  >"$work/serve.log" 2>&1 &
+serve_pid=$!
+for _ in $(seq 1 100); do
+  [[ -S "$work/layer.sock" ]] && break
+  kill -0 "$serve_pid" 2>/dev/null || break
+  sleep 0.2
+done
+if [[ -S "$work/layer.sock" ]]; then
+  # Nanoseconds on a CPU, summed over its threads (stat's ticks are 10 ms: too coarse here).
+  cpu_ns() { cat "/proc/$serve_pid/task/"*/schedstat | awk '{sum += $1} END {printf "%d", sum}'; }
+  sleep 2
+  ns_before="$(cpu_ns)"
+  started="$(date +%s.%N)"
+  utilisation=()
+  for _ in $(seq 1 "$load_s"); do
+    utilisation+=("$(smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -i 0)")
+    sleep 1
+  done
+  ns_after="$(cpu_ns)"
+  percent="$(awk -v a="$ns_before" -v b="$ns_after" -v s="$started" -v e="$(date +%s.%N)" \
+    'BEGIN {printf "%.4f", (b - a) / 1e9 / (e - s) * 100}')"
+  rss="$(awk '/^VmRSS/ {printf "%.1f", $2 / 1024}' "/proc/$serve_pid/status")"
+  busiest="$(printf '%s\n' "${utilisation[@]}" | sort -n | tail -1)"
+  say "resource layer: ${percent} % of one core, ${rss} MiB resident, $(ls "/proc/$serve_pid/task" | wc -l) threads"
+  say "card 0 utilisation while it served: at most ${busiest} % (${#utilisation[@]} samples)"
+  awk -v p="$percent" 'BEGIN {exit !(p <= 1)}' || fail "detection costs ${percent} % of a core (at most 1 %)"
+  grep -iE 'warn|error' "$work/serve.log" | head -5 | sed 's/^/  log: /'
+else
+  fail "the resource layer did not start serving: $(tail -5 "$work/serve.log")"
+fi
+kill "$serve_pid" 2>/dev/null
+wait "$serve_pid" 2>/dev/null
+serve_pid=""
+
 sleep 1
 after="$(state)"
 echo
