@@ -21,8 +21,8 @@ pub struct Prometheus {
 }
 
 impl Prometheus {
-    /// Starts Prometheus scraping `targets` (job name, host:port) every second, with the
-    /// alerting rules `rules` (a rules file's YAML; empty for none).
+    /// Starts Prometheus scraping `targets` (job name, host:port; a job may have several) every
+    /// second, with the alerting rules `rules` (a rules file's YAML; empty for none).
     pub async fn start(
         ctx: &TestContext,
         targets: &[(&str, SocketAddr)],
@@ -44,11 +44,20 @@ impl Prometheus {
                 rules
             },
         )?;
-        let jobs: String = targets
+        // One job per name, with every target given under it (a job name may appear once).
+        let mut by_job: std::collections::BTreeMap<&str, Vec<String>> = Default::default();
+        for (job, address) in targets {
+            by_job
+                .entry(job)
+                .or_default()
+                .push(format!("\"{address}\""));
+        }
+        let jobs: String = by_job
             .iter()
-            .map(|(job, address)| {
+            .map(|(job, addresses)| {
                 format!(
-                    "  - job_name: {job}\n    static_configs:\n      - targets: [\"{address}\"]\n"
+                    "  - job_name: {job}\n    static_configs:\n      - targets: [{}]\n",
+                    addresses.join(", ")
                 )
             })
             .collect();

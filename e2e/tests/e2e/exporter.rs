@@ -1,6 +1,7 @@
-//! The node agent's exporter and the operator scraped by a real Prometheus: the queries of the
-//! dcgm-exporter dashboard (unchanged) and of this project's dashboard return series; a TDM
-//! pod's memory and its limit are one query each; the usage guide's alert
+//! Two node agents' exporters and the operator scraped by a real Prometheus: the queries of the
+//! dcgm-exporter dashboard (unchanged) and of this project's dashboard return series; each card
+//! is one series under its own node; a TDM pod's memory and its limit are one query each and
+//! come only from the node it runs on; the usage guide's alert
 //! `DCGM_FI_HEALTH_WATCH_OVERALL == 0` fires for an injected fault and clears with it; the
 //! operator's ledger shows the slice and the node's cards.
 
@@ -59,26 +60,30 @@ fn dashboard_queries(file: &str) -> Result<Vec<String>> {
 async fn exporter_feeds_prometheus_the_dashboard_and_the_health_alert(
     ctx: TestContext,
 ) -> Result<()> {
-    let node = AgentNode::start(&ctx, "exp", "h800-8").await?;
+    let nodes = [
+        AgentNode::start(&ctx, "exp", "h800-8").await?,
+        AgentNode::start(&ctx, "exp2", "a100-40gb-8").await?,
+    ];
     let operator = Operator::start(&ctx, "op-exp").await?;
     let prometheus = Prometheus::start(
         &ctx,
         &[
-            ("lj-runtimekit-exporter", node.metrics),
+            ("lj-runtimekit-exporter", nodes[0].metrics),
+            ("lj-runtimekit-exporter", nodes[1].metrics),
             ("lj-runtimekit-operator", operator.listen),
         ],
         RULES,
     )
     .await?;
-    let outcome = scraped(&ctx, &node, &prometheus).await;
+    let outcome = scraped(&ctx, &nodes, &prometheus).await;
     let finished = finish(&ctx, operator).await;
     outcome?;
     finished
 }
 
 /// The checks against the running agent, operator and Prometheus.
-async fn scraped(ctx: &TestContext, node: &AgentNode, prometheus: &Prometheus) -> Result<()> {
-    // The usage guide's TDM pod, placed on the agent's node.
+async fn scraped(ctx: &TestContext, nodes: &[AgentNode], prometheus: &Prometheus) -> Result<()> {
+    // The usage guide's TDM pod, placed on one of the agents' nodes.
     let pod: Pod = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": "tdm"},
             "spec": {"schedulerName": "lj-runtimekit-scheduler", "runtimeClassName": "lj-runtime",
@@ -112,18 +117,46 @@ async fn scraped(ctx: &TestContext, node: &AgentNode, prometheus: &Prometheus) -
         .await?;
     ensure!(limit == json!("4096"), "the pod's limit: {limit}");
 
-    // The usage guide's alert fires for a fault on the TDM pod's card and clears with it;
-    // the pod is told, and left running.
-    let card = ctx
+    // Each agent's cards under its own node, and the pod's series only from the node it is on.
+    let per_node = prometheus.query("count by (NodeName) (DCGM_FI_DEV_GPU_TEMP)")?;
+    let mut counted: Vec<(String, String)> = per_node
+        .iter()
+        .map(|s| {
+            (
+                s["metric"]["NodeName"].to_string(),
+                s["value"][1].to_string(),
+            )
+        })
+        .collect();
+    counted.sort();
+    let mut expected: Vec<(String, String)> = nodes
+        .iter()
+        .map(|n| (json!(n.name).to_string(), json!("8").to_string()))
+        .collect();
+    expected.sort();
+    ensure!(counted == expected, "cards per node: {per_node:?}");
+    let slice = ctx
         .api::<GpuSlice>()
         .list(&Default::default())
         .await?
         .items
         .into_iter()
         .find(|s| s.spec.pod.name == "tdm")
-        .and_then(|s| s.spec.card)
-        .context("the TDM pod's slice")?
-        .index;
+        .context("the TDM pod's slice")?;
+    let host = slice.spec.node_name.clone().context("the slice's node")?;
+    let from = prometheus.query(r#"DCGM_FI_CONTAINER_FB_USED{pod="tdm"}"#)?;
+    ensure!(
+        from.len() == 1 && from[0]["metric"]["NodeName"] == json!(host),
+        "the pod's memory comes from {host} alone: {from:?}"
+    );
+    let node = nodes
+        .iter()
+        .find(|n| n.name == host)
+        .context("the pod's node is an agent's")?;
+
+    // The usage guide's alert fires for a fault on the TDM pod's card and clears with it;
+    // the pod is told, and left running.
+    let card = slice.spec.card.context("the TDM slice's card")?.index;
     let overall_zero = "DCGM_FI_HEALTH_WATCH_OVERALL == 0";
     ensure!(
         prometheus.query(overall_zero)?.is_empty(),
