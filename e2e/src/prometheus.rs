@@ -126,3 +126,39 @@ impl Prometheus {
             .collect())
     }
 }
+
+/// Debian's promtool, beside Prometheus.
+const PROMTOOL: &str = "/usr/bin/promtool";
+
+/// Runs `promtool check metrics` on a scrape's text: an error when it cannot parse it, otherwise
+/// its lint findings, one per line.
+pub fn promtool_findings(text: &str) -> Result<Vec<String>> {
+    use std::io::Write;
+    let mut child = std::process::Command::new(PROMTOOL)
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .with_context(|| {
+            format!("{PROMTOOL} (Debian's prometheus package: ./just node-packages)")
+        })?;
+    child
+        .stdin
+        .take()
+        .context("promtool's stdin")?
+        .write_all(text.as_bytes())?;
+    let output = child.wait_with_output()?;
+    let findings = String::from_utf8_lossy(&output.stderr).into_owned()
+        + &String::from_utf8_lossy(&output.stdout);
+    // Exit 1 is a parse error; 3 means lint findings only.
+    if output.status.code() == Some(1) {
+        bail!("promtool cannot parse the scrape: {findings}");
+    }
+    Ok(findings
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(str::to_owned)
+        .collect())
+}

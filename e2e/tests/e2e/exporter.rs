@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::PostParams;
 use runtimekit_crds::GpuSlice;
 use runtimekit_e2e::harness::Test;
-use runtimekit_e2e::prometheus::Prometheus;
+use runtimekit_e2e::prometheus::{Prometheus, promtool_findings};
 use runtimekit_e2e::{TestContext, tests};
 use runtimekit_proto::resource::v1alpha1 as pb;
 use serde_json::json;
@@ -75,14 +75,19 @@ async fn exporter_feeds_prometheus_the_dashboard_and_the_health_alert(
         RULES,
     )
     .await?;
-    let outcome = scraped(&ctx, &nodes, &prometheus).await;
+    let outcome = scraped(&ctx, &nodes, operator.listen, &prometheus).await;
     let finished = finish(&ctx, operator).await;
     outcome?;
     finished
 }
 
 /// The checks against the running agent, operator and Prometheus.
-async fn scraped(ctx: &TestContext, nodes: &[AgentNode], prometheus: &Prometheus) -> Result<()> {
+async fn scraped(
+    ctx: &TestContext,
+    nodes: &[AgentNode],
+    operator: std::net::SocketAddr,
+    prometheus: &Prometheus,
+) -> Result<()> {
     // The usage guide's TDM pod, placed on one of the agents' nodes.
     let pod: Pod = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": "tdm"},
@@ -92,6 +97,31 @@ async fn scraped(ctx: &TestContext, nodes: &[AgentNode], prometheus: &Prometheus
     ctx.api::<Pod>()
         .create(&PostParams::default(), &pod)
         .await?;
+
+    // A real scrape of each agent and of the operator passes `promtool check metrics`. Lints are
+    // allowed only on the DCGM families, whose names and camel-case labels (`modelName`,
+    // `UUID`...) are fixed by what dcgm-exporter's dashboards query; our own families get none.
+    let endpoints = nodes.iter().map(|n| n.metrics).chain([operator]);
+    for endpoint in endpoints {
+        let response = runtimekit_e2e::tools::http_get(endpoint, "/metrics")?;
+        let text = runtimekit_e2e::tools::http_body(&response);
+        ensure!(
+            text.contains("# TYPE"),
+            "a scrape of {endpoint}: {response}"
+        );
+        for finding in promtool_findings(text)? {
+            // OpenMetrics gives a counter's HELP to its family name, without `_total`, which
+            // promtool (reading the classic format) reports as missing.
+            let counter_help = finding
+                .strip_suffix(" no help text")
+                .and_then(|name| name.strip_suffix("_total"))
+                .is_some_and(|family| text.contains(&format!("# HELP {family} ")));
+            ensure!(
+                finding.starts_with("DCGM_") || counter_help,
+                "promtool on {endpoint}: {finding}"
+            );
+        }
+    }
 
     let mut queries = dashboard_queries("e2e/tests/compat/dcgm-exporter-dashboard.json")?;
     queries.extend(dashboard_queries(
