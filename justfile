@@ -86,11 +86,11 @@ bench-scheduler:
     cargo build --quiet --locked --release -p runtimekit-operator -p runtimekit-e2e --bin runtimekit-operator --bin bench-scheduler
     target/release/bench-scheduler
 
-# Build what the GPU check runs (release resource layer and memory-holding helper) into target/gpu-check, to carry to a machine with NVIDIA cards.
+# Build what the GPU checks run (release resource layer, CUDA probe and isolation library) into target/gpu-check, to carry to a machine with NVIDIA cards.
 gpu-check-build:
-    cargo build --release --locked -p runtimekit-resource-layer -p runtimekit-e2e --bin runtimekit-resource-layer --bin runtimekit-gpu-hold
+    cargo build --release --locked -p runtimekit-resource-layer -p runtimekit-isolation
     mkdir -p target/gpu-check
-    cp target/release/runtimekit-resource-layer target/release/runtimekit-gpu-hold target/gpu-check/
+    cp target/release/runtimekit-resource-layer target/release/runtimekit-cuda-probe target/release/libruntimekit_isolation.so target/gpu-check/
 
 # Check the NVML backend against nvidia-smi on this machine's NVIDIA cards, from target/gpu-check (builds nothing).
 gpu-check *args:

@@ -2,9 +2,9 @@
 # The NVML backend checked on a machine with NVIDIA cards, against what nvidia-smi says.
 #
 # Runs prebuilt binaries only (never builds or downloads: the machine may have nothing but the
-# driver): `runtimekit-resource-layer` and `runtimekit-gpu-hold`, built elsewhere with
+# driver): `runtimekit-resource-layer` and `runtimekit-cuda-probe`, built elsewhere with
 # `./just gpu-check-build` and carried over. It
-#   - holds a known amount of memory on card 0 with runtimekit-gpu-hold (which opens
+#   - holds a known amount of memory on card 0 with runtimekit-cuda-probe (which opens
 #     libcuda.so.1 itself) and looks for that process in both listings;
 #   - prints every figure of `runtimekit-resource-layer probe --facts` beside nvidia-smi's:
 #     driver, names, memory, PCI, utilisation, temperatures, power, clocks, ECC, remapped rows,
@@ -28,7 +28,7 @@ set -uo pipefail
 
 bin_dir="${1:-$(dirname "$0")/../target/gpu-check}"
 layer="$bin_dir/runtimekit-resource-layer"
-holder="$bin_dir/runtimekit-gpu-hold"
+holder="$bin_dir/runtimekit-cuda-probe"
 limit="${GPU_CHECK_TIMEOUT:-60}"
 user="${GPU_CHECK_USER:-nobody}"
 hold_mib="${GPU_CHECK_HOLD_MIB:-1024}"
@@ -73,7 +73,7 @@ say "driver and cards (nvidia-smi):"
 smi -L | sed 's/^/  /'
 
 # A process holding known memory on card 0.
-bounded "$holder" --card 0 --mib "$hold_mib" --seconds "$((limit * 3))" >"$work/hold.out" 2>&1 &
+bounded "$holder" --device 0 hold --mib "$hold_mib" --seconds "$((limit * 3))" >"$work/hold.out" 2>&1 &
 holder_pid=$!
 for _ in $(seq 1 100); do
   grep -q '^holding' "$work/hold.out" 2>/dev/null && break
@@ -83,7 +83,7 @@ done
 if grep -q '^holding' "$work/hold.out"; then
   say "$(cat "$work/hold.out")"
 else
-  fail "runtimekit-gpu-hold did not hold memory: $(cat "$work/hold.out")"
+  fail "runtimekit-cuda-probe did not hold memory: $(cat "$work/hold.out")"
   holder_pid=""
 fi
 

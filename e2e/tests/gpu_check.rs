@@ -1,5 +1,5 @@
 //! `e2e/gpu-check.sh` up to the hardware: it builds nothing, and on a machine without an NVIDIA
-//! GPU it fails plainly; its memory-holding helper fails plainly without the driver.
+//! GPU it fails plainly.
 
 use runtimekit_e2e::workspace_binary::workspace_binary;
 use std::path::Path;
@@ -50,11 +50,8 @@ fn without_a_gpu_it_fails_plainly() {
     let layer = workspace_binary("runtimekit-resource-layer", "runtimekit-resource-layer")
         .expect("the resource layer");
     std::fs::copy(layer, bins.0.join("runtimekit-resource-layer")).expect("copy");
-    std::fs::copy(
-        env!("CARGO_BIN_EXE_runtimekit-gpu-hold"),
-        bins.0.join("runtimekit-gpu-hold"),
-    )
-    .expect("copy");
+    let probe = workspace_binary("runtimekit-isolation", "runtimekit-cuda-probe").expect("the probe");
+    std::fs::copy(probe, bins.0.join("runtimekit-cuda-probe")).expect("copy");
     // No nvidia-smi on the path (none on this machine either).
     let out = Command::new("bash")
         .arg(script())
@@ -68,20 +65,4 @@ fn without_a_gpu_it_fails_plainly() {
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("no NVIDIA GPU answers here"), "{stderr}");
-}
-
-#[test]
-fn the_memory_holder_needs_the_driver_and_says_so() {
-    let out = Command::new(env!("CARGO_BIN_EXE_runtimekit-gpu-hold"))
-        .args(["--seconds", "0"])
-        .env("LD_LIBRARY_PATH", "/nonexistent")
-        .output()
-        .expect("run");
-    if out.status.success() {
-        // A machine with the NVIDIA driver: it held and freed the memory.
-        assert!(String::from_utf8_lossy(&out.stdout).starts_with("holding 1024 MiB"));
-        return;
-    }
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("cannot load libcuda.so.1"), "{stderr}");
 }
