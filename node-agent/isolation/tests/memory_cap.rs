@@ -4,6 +4,7 @@
 //! capped at 4 GiB. Without the library the same programs get all 16 GiB, so every refusal
 //! seen here is the library's.
 
+use runtimekit_fake_nvml::{FakeNvml, World};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -24,9 +25,11 @@ const PATHS: [&str; 11] = [
 ];
 const VIAS: [&str; 3] = ["dlsym", "proc-address", "proc-address-v1"];
 
-/// A folder with the fake driver as `libcuda.so.1` and the container's ledger folder.
+/// A folder with the fake driver as `libcuda.so.1` and the container's ledger folder, and a
+/// fake NVML whose card 0 is the driver's device.
 struct Node {
     dir: PathBuf,
+    nvml: FakeNvml,
 }
 
 /// A library cargo built, beside the test binary (`target/<profile>/deps`) or one folder up.
@@ -54,7 +57,11 @@ impl Node {
             dir.join("libcuda.so.1"),
         )
         .expect("link");
-        Node { dir }
+        let mut world = World::h100(1);
+        world.cards[0].uuid = UUID.into();
+        world.cards[0].memory_used_mib = 10 * 1024;
+        let nvml = FakeNvml::install(&world).expect("fake NVML");
+        Node { dir, nvml }
     }
 
     /// `program` with the fake driver on the library path, and with the isolation library
@@ -62,7 +69,10 @@ impl Node {
     fn command(&self, program: &Path, memory_mib: Option<&str>) -> Command {
         let mut command = Command::new(program);
         command
-            .env("LD_LIBRARY_PATH", &self.dir)
+            .env(
+                "LD_LIBRARY_PATH",
+                format!("{}:{}", self.dir.display(), self.nvml.dir().display()),
+            )
             .env("FAKE_CUDA_UUIDS", UUID)
             .env("FAKE_CUDA_MEMORY_MIB", "16384")
             .env_remove("LD_PRELOAD");
@@ -178,6 +188,32 @@ fn memory_queries_report_the_cap_and_the_containers_own_use() {
             3 * gib,
             4 * gib,
             4 * gib
+        )
+    );
+    holder.kill().expect("kill");
+    holder.wait().expect("wait");
+}
+
+#[test]
+fn nvml_reports_the_cap_and_the_containers_own_use() {
+    let node = Node::new();
+    let nvml =
+        |capped| String::from_utf8_lossy(&node.probe(&["nvml-memory"], capped).stdout).into_owned();
+    let mib = 1u64 << 20;
+    let total = node.nvml.world().expect("world").cards[0].memory_total_mib * mib;
+    let card = nvml(false);
+    assert!(
+        card.starts_with(&format!("total {total} used {}", 10 * 1024 * mib)),
+        "{card}"
+    );
+    let mut holder = node.holder("1024");
+    assert_eq!(
+        nvml(true).trim(),
+        format!(
+            "total {} used {} free {}",
+            4096 * mib,
+            1024 * mib,
+            3072 * mib
         )
     );
     holder.kill().expect("kill");

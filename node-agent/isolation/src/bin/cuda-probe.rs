@@ -55,6 +55,8 @@ enum Command {
     },
     /// Prints what `cuMemGetInfo` and `cuDeviceTotalMem` say.
     Info,
+    /// Prints what NVML's `nvmlDeviceGetMemoryInfo_v2` says of the device (NVML's index).
+    NvmlMemory,
     /// Allocates `mib` MiB, says so, and holds it for `seconds`.
     Hold {
         /// How much.
@@ -94,8 +96,10 @@ enum Path {
 }
 
 const MIB: u64 = 1 << 20;
-/// A float array row of 1 MiB.
-const FLOATS_PER_MIB: usize = 1 << 18;
+/// A float array row of 64 KiB, 16 rows a MiB: within the 2D array limits of real cards
+/// (width at most 131,072 and height at most 65,536 elements).
+const FLOATS_PER_ROW: usize = 1 << 14;
+const ROWS_PER_MIB: usize = 16;
 const FLOAT: u32 = 0x20;
 
 type GetProcAddressV2 =
@@ -282,8 +286,8 @@ fn allocate(driver: &Driver, path: Path, mib: u64, device: CuDevice) -> Result<C
                 let f: unsafe extern "C" fn(*mut Handle, *const ArrayDescriptor) -> CuResult =
                     driver.entry("cuArrayCreate", "cuArrayCreate_v2", false)?;
                 let desc = ArrayDescriptor {
-                    width: FLOATS_PER_MIB,
-                    height: rows,
+                    width: FLOATS_PER_ROW,
+                    height: rows * ROWS_PER_MIB,
                     format: FLOAT,
                     num_channels: 1,
                 };
@@ -291,8 +295,8 @@ fn allocate(driver: &Driver, path: Path, mib: u64, device: CuDevice) -> Result<C
             }
             Path::Array3d | Path::Mipmapped => {
                 let desc = Array3dDescriptor {
-                    width: FLOATS_PER_MIB,
-                    height: rows,
+                    width: FLOATS_PER_ROW,
+                    height: rows * ROWS_PER_MIB,
                     depth: 0,
                     format: FLOAT,
                     num_channels: 1,
@@ -357,7 +361,67 @@ fn allocate(driver: &Driver, path: Path, mib: u64, device: CuDevice) -> Result<C
     Ok(result)
 }
 
+/// `nvmlMemory_v2_t`.
+#[repr(C)]
+#[derive(Debug, Default)]
+struct NvmlMemoryV2 {
+    version: c_uint,
+    total: u64,
+    reserved: u64,
+    free: u64,
+    used: u64,
+}
+
+/// Prints NVML's memory figures of device `index`.
+fn nvml_memory(index: CuDevice) -> Result<(), String> {
+    // SAFETY: loading NVML runs its initialisers, as any NVML program does.
+    let nvml = unsafe { Library::new("libnvidia-ml.so.1") }
+        .map_err(|e| format!("cannot load libnvidia-ml.so.1: {e}"))?;
+    let get = |name: &str| -> Result<*mut c_void, String> {
+        // SAFETY: looked up by name; cast below to nvml.h's signature.
+        unsafe { nvml.get::<*mut c_void>(name.as_bytes()) }
+            .map(|s| *s)
+            .map_err(|e| format!("{name}: {e}"))
+    };
+    type Init = unsafe extern "C" fn() -> c_uint;
+    type ByIndex = unsafe extern "C" fn(c_uint, *mut Handle) -> c_uint;
+    type Memory = unsafe extern "C" fn(Handle, *mut NvmlMemoryV2) -> c_uint;
+    // SAFETY: nvml.h's signatures for these names.
+    let (init, by_index, memory) = unsafe {
+        (
+            std::mem::transmute::<*mut c_void, Init>(get("nvmlInit_v2")?),
+            std::mem::transmute::<*mut c_void, ByIndex>(get("nvmlDeviceGetHandleByIndex_v2")?),
+            std::mem::transmute::<*mut c_void, Memory>(get("nvmlDeviceGetMemoryInfo_v2")?),
+        )
+    };
+    let mut device: Handle = std::ptr::null_mut();
+    let mut figures = NvmlMemoryV2 {
+        version: (size_of::<NvmlMemoryV2>() | (2 << 24)) as c_uint,
+        ..NvmlMemoryV2::default()
+    };
+    let index = c_uint::try_from(index).map_err(|e| e.to_string())?;
+    // SAFETY: valid out-pointers.
+    let results = unsafe {
+        [
+            init(),
+            by_index(index, &mut device),
+            memory(device, &mut figures),
+        ]
+    };
+    if let Some(failed) = results.iter().find(|r| **r != 0) {
+        return Err(format!("NVML failed with error {failed}"));
+    }
+    println!(
+        "total {} used {} free {}",
+        figures.total, figures.used, figures.free
+    );
+    Ok(())
+}
+
 fn run(cli: &Cli) -> Result<(), String> {
+    if let Command::NvmlMemory = cli.command {
+        return nvml_memory(cli.device);
+    }
     let driver = Driver::load(cli.via)?;
     open(&driver, cli.device)?;
     match cli.command {
@@ -382,6 +446,8 @@ fn run(cli: &Cli) -> Result<(), String> {
             }
             println!("free {free} total {total} device_total {device_total}");
         }
+        // Answered above: it needs NVML, not the driver.
+        Command::NvmlMemory => {}
         Command::Hold { mib, seconds } => {
             let result = allocate(&driver, Path::Alloc, mib, cli.device)?;
             check("cuMemAlloc_v2", result)?;

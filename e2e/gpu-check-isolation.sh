@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# The isolation library on a machine with an NVIDIA card: the memory cap against the real driver.
+#
+# Runs prebuilt files only (never builds or downloads: the machine may have nothing but the
+# driver): `runtimekit-cuda-probe` and `libruntimekit_isolation.so`, built elsewhere with
+# `./just gpu-check-build` and carried over. On card 0, with the library preloaded and the
+# environment lj-runtime sets for a slice of 4 GiB:
+#   - without the library a 5 GiB allocation succeeds (so every refusal below is the library's);
+#   - under the cap 5 GiB fails with CUDA_ERROR_OUT_OF_MEMORY and 3 GiB succeeds, through
+#     cuMemAlloc and the virtual-memory API (cuMemCreate), found by dlsym, cuGetProcAddress_v2
+#     and cuGetProcAddress;
+#   - every other allocation path (pitch, managed, async, async per-thread, pool, arrays,
+#     mipmapped arrays, the 32-bit cuMemAlloc) takes 2 GiB twice and is refused the third time;
+#   - cuMemGetInfo and cuDeviceTotalMem report 4 GiB;
+#   - two processes share the cap: with 3 GiB held by one, the other is refused 2 GiB and
+#     given 1 GiB, and once the holder is killed without freeing, 4 GiB fits again.
+# It changes no MIG or compute mode. Exits non-zero when there is no GPU or any check fails.
+#
+# Not checked here yet (the compute cap is not built): SM share of two processes capped at 30 %
+# and 70 %, fault containment between neighbours, and the launch overhead.
+#
+# Usage: e2e/gpu-check-isolation.sh [BIN_DIR]     (default: target/gpu-check)
+set -uo pipefail
+
+bin_dir="${1:-$(dirname "$0")/../target/gpu-check}"
+probe="$bin_dir/runtimekit-cuda-probe"
+library="$(cd "$bin_dir" 2>/dev/null && pwd)/libruntimekit_isolation.so"
+failures=0
+say() { echo "gpu-check-isolation: $*"; }
+fail() { echo "gpu-check-isolation: FAIL: $*"; failures=$((failures + 1)); }
+bounded() { timeout --kill-after=5 60 "$@"; }
+
+if [[ ! -x "$probe" || ! -f "$library" ]]; then
+  echo "gpu-check-isolation: no probe or library in $bin_dir; build both with ./just gpu-check-build (on any machine) and carry $bin_dir here" >&2
+  exit 2
+fi
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! bounded nvidia-smi -L >/dev/null 2>&1; then
+  echo "gpu-check-isolation: FAIL: no NVIDIA GPU answers here (nvidia-smi -L fails)" >&2
+  exit 1
+fi
+uuid="$(bounded nvidia-smi --query-gpu=uuid --format=csv,noheader -i 0)"
+ledger="$(mktemp -d)"
+holder_pid=""
+cleanup() {
+  [[ -n "$holder_pid" ]] && kill -9 "$holder_pid" 2>/dev/null
+  rm -rf "$ledger"
+}
+trap cleanup EXIT
+say "card 0: $uuid, capped at 4096 MiB"
+
+capped() {
+  env LD_PRELOAD="$library" RUNTIMEKIT_VISIBLE_DEVICES="$uuid" \
+    RUNTIMEKIT_GPU_MEMORY_LIMIT_MIB=4096 RUNTIMEKIT_ISOLATION_DIR="$ledger" "$@"
+}
+# results VIA PATH MIB COUNT [capped]: the probe's results, space-separated.
+results() {
+  local via=$1 path=$2 mib=$3 count=$4 wrap=${5:-capped}
+  if [[ "$wrap" == capped ]]; then
+    capped bounded "$probe" --via "$via" alloc --path "$path" --mib "$mib" --count "$count" 2>&1
+  else
+    bounded "$probe" --via "$via" alloc --path "$path" --mib "$mib" --count "$count" 2>&1
+  fi | sed -n 's/^allocation [0-9]* of [0-9]*: //p' | tr '\n' ' ' | sed 's/ $//'
+}
+expect() {
+  local what=$1 got=$2 want=$3
+  if [[ "$got" == "$want" ]]; then
+    say "ok: $what: $got"
+  else
+    fail "$what: got '$got', want '$want'"
+  fi
+}
+
+expect "5 GiB without the library" "$(results dlsym alloc 5120 1 free)" "ok"
+for via in dlsym proc-address proc-address-v1; do
+  for path in alloc vmm; do
+    expect "5 GiB by $path via $via" "$(results "$via" "$path" 5120 1)" "error 2"
+    expect "3 GiB by $path via $via" "$(results "$via" "$path" 3072 1)" "ok"
+  done
+done
+for path in pitch managed async async-ptsz pool array array3d mipmapped alloc-v1; do
+  expect "2 GiB three times by $path" "$(results proc-address "$path" 2048 3)" "ok ok error 2"
+done
+
+info="$(capped bounded "$probe" info 2>&1)"
+expect "memory queries" "$info" "free 4294967296 total 4294967296 device_total 4294967296"
+
+capped "$probe" hold --mib 3072 --seconds 120 >"$ledger/hold.out" 2>&1 &
+holder_pid=$!
+for _ in $(seq 1 100); do
+  grep -q '^holding' "$ledger/hold.out" 2>/dev/null && break
+  kill -0 "$holder_pid" 2>/dev/null || break
+  sleep 0.2
+done
+if grep -q '^holding' "$ledger/hold.out"; then
+  expect "2 GiB beside 3 GiB held by another process" "$(results dlsym alloc 2048 1)" "error 2"
+  expect "1 GiB beside 3 GiB held by another process" "$(results dlsym alloc 1024 1)" "ok"
+  kill -9 "$holder_pid"
+  wait "$holder_pid" 2>/dev/null
+  holder_pid=""
+  expect "4 GiB once the holder was killed" "$(results dlsym alloc 4096 1)" "ok"
+else
+  fail "the holder did not hold 3 GiB: $(cat "$ledger/hold.out")"
+fi
+
+echo
+if [[ $failures -eq 0 ]]; then
+  say "OK"
+  exit 0
+fi
+say "$failures check(s) failed"
+exit 1
