@@ -10,7 +10,10 @@
 # busybox     the test image: busybox with every applet on PATH
 # operator    runtimekit-operator, a static release binary, running as the non-root user 65532
 # node-agent  runtimekit-node-agent and lj-runtime (static), and runtimekit-resource-layer, which
-#             loads NVML with dlopen and so is linked against glibc, shipped in the image
+#             loads NVML with dlopen and so is linked against glibc, shipped in the image, and
+#             the isolation library lj-runtime preloads into time-division containers
+# cuda-test   runtimekit-cuda-probe with the fake driver as its libcuda.so.1 and glibc: what a CUDA
+#             program in a time-division container meets (a test image, not a product)
 #
 # The product images are tagged with the workspace version; operator/Dockerfile and
 # node-agent/Dockerfile build the same images on a machine with a container engine (a test keeps
@@ -125,12 +128,25 @@ for image in "${images[@]}"; do
     node-agent)
       release_binaries yes runtimekit-node-agent:runtimekit-node-agent runtimekit-lj-runtime:lj-runtime
       release_binaries no runtimekit-resource-layer:runtimekit-resource-layer
+      echo "building the isolation library (release)" >&2
+      cargo build --quiet --locked --release -p runtimekit-isolation --lib >&2
       mapfile -t libs < <(libraries_of "$host_release/runtimekit-resource-layer")
       product node-agent 0:0 "" \
         "$release/runtimekit-node-agent:/usr/local/bin/runtimekit-node-agent" \
         "$release/lj-runtime:/usr/local/bin/lj-runtime" \
-        "$host_release/runtimekit-resource-layer:/usr/local/bin/runtimekit-resource-layer" "${libs[@]}"
+        "$host_release/runtimekit-resource-layer:/usr/local/bin/runtimekit-resource-layer" \
+        "$host_release/libruntimekit_isolation.so:/usr/local/lib/runtimekit/libruntimekit_isolation.so" "${libs[@]}"
       ;;
-    *) echo "unknown image: $image (expected pause, busybox, operator or node-agent)" >&2; exit 2 ;;
+    cuda-test)
+      release_binaries no runtimekit-isolation:runtimekit-cuda-probe
+      echo "building the fake CUDA driver (release)" >&2
+      cargo build --quiet --locked --release -p runtimekit-fake-cuda >&2
+      mapfile -t libs < <(libraries_of "$host_release/runtimekit-cuda-probe"; libraries_of "$host_release/libruntimekit_fake_cuda.so")
+      mapfile -t libs < <(printf '%s\n' "${libs[@]}" | sort -u)
+      product cuda-test 0:0 /usr/local/bin/runtimekit-cuda-probe \
+        "$host_release/runtimekit-cuda-probe:/usr/local/bin/runtimekit-cuda-probe" \
+        "$host_release/libruntimekit_fake_cuda.so:/lib/x86_64-linux-gnu/libcuda.so.1" "${libs[@]}"
+      ;;
+    *) echo "unknown image: $image (expected pause, busybox, operator, node-agent or cuda-test)" >&2; exit 2 ;;
   esac
 done

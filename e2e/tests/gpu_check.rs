@@ -50,7 +50,8 @@ fn without_a_gpu_it_fails_plainly() {
     let layer = workspace_binary("runtimekit-resource-layer", "runtimekit-resource-layer")
         .expect("the resource layer");
     std::fs::copy(layer, bins.0.join("runtimekit-resource-layer")).expect("copy");
-    let probe = workspace_binary("runtimekit-isolation", "runtimekit-cuda-probe").expect("the probe");
+    let probe =
+        workspace_binary("runtimekit-isolation", "runtimekit-cuda-probe").expect("the probe");
     std::fs::copy(probe, bins.0.join("runtimekit-cuda-probe")).expect("copy");
     // No nvidia-smi on the path (none on this machine either).
     let out = Command::new("bash")

@@ -37,7 +37,7 @@ fn script_binaries(script: &str, image: &str) -> BTreeSet<(String, String, bool)
         .and_then(|rest| rest.split(";;").next())
         .unwrap_or_default();
     case.split('"')
-        .filter(|w| w.contains(":/usr/local/bin/"))
+        .filter(|w| w.contains(":/usr/local/bin/") || w.contains(":/usr/local/lib/runtimekit/"))
         .map(|w| {
             let (from, to) = w.split_once(':').unwrap_or_default();
             let binary = from.rsplit('/').next().unwrap_or_default();

@@ -130,6 +130,9 @@ impl Cluster {
         self.spawn("resource-layer", &layer, &layer_args(name, &gpu, PROFILE))?;
         wait_for_socket(&layer_socket)?;
         let runtime_config = dir.join("lj-runtime.json");
+        // The isolation library is built beside the probe of its package.
+        let probe = workspace_binary("runtimekit-isolation", "runtimekit-cuda-probe")?;
+        let library = probe.with_file_name("libruntimekit_isolation.so");
         std::fs::write(
             &runtime_config,
             serde_json::json!({
@@ -137,6 +140,8 @@ impl Cluster {
                 "nodeName": name,
                 "resourceLayerSocket": layer_socket,
                 "instanceWaitSeconds": 60,
+                "isolationLibrary": library,
+                "isolationStateDir": dir.join("isolation"),
             })
             .to_string(),
         )?;

@@ -29,6 +29,7 @@ pub const TESTS: &[Test] = tests![
     real_node_lj_runtime_fails_a_pod_without_an_allocation,
     real_node_kubelet_restart_leaves_running_pods_and_serves_new_ones,
     real_node_deleted_mig_pod_gives_back_its_instance,
+    real_node_tdm_container_is_held_to_its_memory_cap,
     real_node_runs_the_product_images,
     // It swaps the node's cards for PPU M890P ones.
     real_node_ppu_m890p_four_cards_with_rdma,
@@ -565,18 +566,16 @@ async fn instance_keys(node: &RealNode) -> Result<BTreeSet<String>> {
     Ok(instances.into_iter().map(|i| i.key).collect())
 }
 
-/// The operator's and the node agent's images, built by the project's script from release
-/// binaries and imported into the node's containerd, run their binaries: the operator's as the
-/// non-root user on an empty base, the resource layer's with the glibc its image ships.
-/// Builds the product images with the project's script and imports them into the node's
-/// containerd; returns their references.
-async fn import_product_images(node: &RealNode) -> Result<Vec<String>> {
+/// Builds `images` with the project's script and imports them into the node's containerd;
+/// returns their references.
+async fn import_images(node: &RealNode, images: &[&str]) -> Result<Vec<String>> {
     let script = runtimekit_e2e::tools::repo_root().join("e2e/scripts/build-images.sh");
+    let images: Vec<String> = images.iter().map(|i| (*i).to_owned()).collect();
     let built = tokio::task::spawn_blocking(move || {
         let mut command = std::process::Command::new(script);
         runtimekit_e2e::harness::plain_cargo_env(&mut command);
         command
-            .args(["operator", "node-agent"])
+            .args(&images)
             .stderr(std::process::Stdio::inherit())
             .output()
     })
@@ -591,9 +590,12 @@ async fn import_product_images(node: &RealNode) -> Result<Vec<String>> {
     Ok(references)
 }
 
+/// The operator's and the node agent's images, built by the project's script from release
+/// binaries and imported into the node's containerd, run their binaries: the operator's as the
+/// non-root user on an empty base, the resource layer's with the glibc its image ships.
 async fn real_node_runs_the_product_images(ctx: TestContext) -> Result<()> {
     let node = ctx.real_node().await?;
-    let references = import_product_images(&node).await?;
+    let references = import_images(&node, &["operator", "node-agent"]).await?;
     let image = |name: &str| {
         references
             .iter()
@@ -655,7 +657,7 @@ async fn real_node_runs_the_product_images(ctx: TestContext) -> Result<()> {
 /// guide's TDM pod is placed by the deployed operator and sees its allocation.
 async fn real_node_runs_config_as_a_user_deploys_it(ctx: TestContext) -> Result<()> {
     let node = ctx.real_node().await?;
-    let references = import_product_images(&node).await?;
+    let references = import_images(&node, &["operator", "node-agent"]).await?;
     let version = references
         .first()
         .and_then(|r| r.rsplit(':').next())
@@ -787,4 +789,46 @@ async fn real_node_runs_config_as_a_user_deploys_it(ctx: TestContext) -> Result<
         .delete("deployed-tdm", &DeleteParams::default())
         .await?;
     Ok(())
+}
+
+/// The usage guide's time-division request at gpu-core 30 and gpu-memory 4 (GiB), running a CUDA
+/// program (the project's probe, against the fake driver its image ships as libcuda.so.1) on
+/// the real node: lj-runtime gave the container the isolation library through its
+/// `/etc/ld.so.preload` (the pod sets no LD_PRELOAD), so four 1 GiB blocks fit and the fifth is
+/// refused with the driver's out-of-memory error, reached by dlsym and by cuGetProcAddress.
+async fn real_node_tdm_container_is_held_to_its_memory_cap(ctx: TestContext) -> Result<()> {
+    let node = ctx.real_node().await?;
+    let references = import_images(&node, &["cuda-test"]).await?;
+    let image = references.first().context("the cuda-test image")?.clone();
+    with_operator(ctx, |ctx| async move {
+        let alloc = |via: &str| {
+            json!({"name": format!("by-{via}"), "image": image, "imagePullPolicy": "Never",
+                "args": ["--via", via, "alloc", "--path", "alloc", "--mib", "1024", "--count", "5"],
+                "resources": {"limits": {"aliyun.com/gpu-core": "30", "aliyun.com/gpu-memory": "4"}}})
+        };
+        let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "capped"},
+            "spec": {"schedulerName": "lj-runtimekit-scheduler", "runtimeClassName": "lj-runtime",
+                "restartPolicy": "Never", "automountServiceAccountToken": false,
+                "terminationGracePeriodSeconds": 1,
+                "nodeSelector": {"kubernetes.io/hostname": node.name},
+                "containers": [alloc("dlsym"), alloc("proc-address")]}});
+        let object: Pod = serde_json::from_value(pod)?;
+        ctx.api::<Pod>()
+            .create(&PostParams::default(), &object)
+            .await?;
+        wait_phase(&ctx, "capped", "Succeeded").await?;
+        for container in ["by-dlsym", "by-proc-address"] {
+            let log = ctx.kubectl_ok(&["logs", "capped", "-c", container], None)?;
+            let results: Vec<&str> = log
+                .lines()
+                .filter_map(|l| l.split_once(": ").map(|(_, r)| r))
+                .collect();
+            ensure!(
+                results == ["ok", "ok", "ok", "ok", "error 2"],
+                "{container}: four 1 GiB blocks under a 4 GiB cap, then out of memory:\n{log}"
+            );
+        }
+        Ok(())
+    })
+    .await
 }

@@ -1,6 +1,7 @@
 //! A `libcuda.so.1` test double. It exports, under the driver's own names and symbol versions,
 //! the entry points the isolation library intercepts, and answers them from a simulated driver:
-//! the devices of `FAKE_CUDA_UUIDS` (comma-separated `GPU-…` UUIDs; one device by default), each
+//! the devices of `FAKE_CUDA_UUIDS` (comma-separated `GPU-…` UUIDs), else of
+//! `NVIDIA_VISIBLE_DEVICES` (what a container was given), else one device, each
 //! with `FAKE_CUDA_MEMORY_MIB` of memory (80 GiB by default) that this process's allocations use
 //! up, as a real card's would, until the driver says out of memory. Contexts are per thread, as
 //! the driver's are. `cuGetProcAddress` answers by name, requested CUDA version and per-thread
@@ -52,7 +53,10 @@ thread_local! {
 
 impl Driver {
     fn from_env() -> Driver {
+        // As a real driver in a container sees only the cards given to it, the fake sees the
+        // ones the runtime made visible, unless a test names its own.
         let uuids = std::env::var("FAKE_CUDA_UUIDS")
+            .or_else(|_| std::env::var("NVIDIA_VISIBLE_DEVICES"))
             .unwrap_or_else(|_| "GPU-00000000-0000-0000-0000-000000000001".into());
         let total = std::env::var("FAKE_CUDA_MEMORY_MIB")
             .ok()

@@ -15,7 +15,18 @@ pub struct RuncArgs {
     pub log: Option<String>,
     /// The global `--log-format` (`json` from containerd's shim).
     pub log_format: Option<String>,
+    /// The container ID: the command's last argument that is not an option or its value.
+    pub id: Option<String>,
 }
+
+/// Options of `create`, `run` and `exec` that take a value (`--bundle` is read on its own).
+const COMMAND_WITH_VALUE: [&str; 5] = [
+    "--console-socket",
+    "--pid-file",
+    "--preserve-fds",
+    "--process",
+    "--cwd",
+];
 
 /// The value of `--name VALUE` or `--name=VALUE` at `args[i]`, with how many items it took.
 fn value_of<'a>(args: &'a [String], i: usize, names: &[&str]) -> Option<(&'a str, usize)> {
@@ -39,6 +50,7 @@ impl RuncArgs {
             bundle: None,
             log: None,
             log_format: None,
+            id: None,
         };
         let mut i = 0;
         while i < args.len() {
@@ -62,6 +74,13 @@ impl RuncArgs {
                 parsed.bundle = Some(value.to_owned());
                 i += used;
                 continue;
+            }
+            if let Some((_, used)) = value_of(args, i, &COMMAND_WITH_VALUE) {
+                i += used;
+                continue;
+            }
+            if !args[i].starts_with('-') {
+                parsed.id = Some(args[i].clone());
             }
             i += 1;
         }
@@ -93,6 +112,14 @@ mod tests {
         assert_eq!(args.bundle.as_deref(), Some("/run/b"));
         assert_eq!(args.log.as_deref(), Some("/run/x/log.json"));
         assert_eq!(args.log_format.as_deref(), Some("json"));
+        assert_eq!(args.id.as_deref(), Some("abc"));
+        let delete = parse("--root /r --log /l delete --force abc");
+        assert_eq!(
+            (delete.command.as_deref(), delete.id.as_deref()),
+            (Some("delete"), Some("abc"))
+        );
+        let piped = parse("create --console-socket /s --pid-file /p -b /b --preserve-fds 2 xyz");
+        assert_eq!(piped.id.as_deref(), Some("xyz"));
     }
 
     #[test]

@@ -23,6 +23,10 @@ pub struct RuntimeConfig {
     pub resource_layer_socket: PathBuf,
     /// How long a create waits for a MIG instance the node agent is still making, in seconds.
     pub instance_wait_seconds: u64,
+    /// The enforcement library given to containers of time-division slices.
+    pub isolation_library: PathBuf,
+    /// Where each such container's folder (its memory ledger and preload list) is kept.
+    pub isolation_state_dir: PathBuf,
 }
 
 impl Default for RuntimeConfig {
@@ -33,6 +37,10 @@ impl Default for RuntimeConfig {
             node_name: String::new(),
             resource_layer_socket: PathBuf::from("/run/runtimekit/resource-layer.sock"),
             instance_wait_seconds: 60,
+            isolation_library: PathBuf::from(
+                "/usr/local/lib/runtimekit/libruntimekit_isolation.so",
+            ),
+            isolation_state_dir: PathBuf::from("/run/runtimekit/isolation"),
         }
     }
 }

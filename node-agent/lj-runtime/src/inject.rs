@@ -16,9 +16,11 @@
 //! | `RUNTIMEKIT_GPU_CORE_LIMIT` | compute share in percent per card; `0` means no cap |
 //! | `RUNTIMEKIT_GPU_MEMORY_LIMIT_MIB` | memory cap in MiB per card; `0` means no cap |
 //! | `RUNTIMEKIT_RDMA_DEVICES` | the RDMA NICs' names |
+//! | `RUNTIMEKIT_ISOLATION_DIR` | the container's ledger folder, when it holds a TDM share |
 
 use crate::config::RuntimeConfig;
 use crate::hardware::Hardware;
+use crate::isolation::{self, Enforcement};
 use runtimekit_contract::allocation::{Allocation, ContainerAllocation, annotation};
 use runtimekit_resource_layer::device_nodes::container_path;
 use serde_json::{Value, json};
@@ -32,7 +34,8 @@ const POD_NAMESPACE: &str = "io.kubernetes.cri.sandbox-namespace";
 const POD_NAME: &str = "io.kubernetes.cri.sandbox-name";
 
 /// Every variable this sets, removed from the spec first.
-const VARIABLES: [&str; 6] = [
+const VARIABLES: [&str; 7] = [
+    "RUNTIMEKIT_ISOLATION_DIR",
     "NVIDIA_VISIBLE_DEVICES",
     "RUNTIMEKIT_VISIBLE_DEVICES",
     "RUNTIMEKIT_SLICE_MODES",
@@ -175,6 +178,8 @@ pub struct Given {
     pub known: Vec<String>,
     /// Environment variables.
     pub env: Vec<(String, String)>,
+    /// The isolation library and ledger, for a container holding a TDM share.
+    pub enforcement: Option<Enforcement>,
 }
 
 /// What `plan` gives on this hardware.
@@ -336,6 +341,26 @@ pub fn apply(spec: &mut Value, given: &Given, stat: Stat<'_>) -> Result<(), Inje
             .is_none_or(|(name, _)| !VARIABLES.contains(&name))
     });
     env.extend(given.env.iter().map(|(k, v)| json!(format!("{k}={v}"))));
+    if let Some(enforcement) = &given.enforcement {
+        env.push(json!(format!(
+            "RUNTIMEKIT_ISOLATION_DIR={}",
+            isolation::LEDGER
+        )));
+        let given_mounts = isolation::mounts(enforcement);
+        let mounts = object
+            .entry("mounts")
+            .or_insert_with(|| json!([]))
+            .as_array_mut()
+            .ok_or_else(|| InjectError::Spec("mounts is not a list".into()))?;
+        // What the image or the pod put at these places gives way.
+        mounts.retain(|m| {
+            let at = m.get("destination").and_then(Value::as_str);
+            !given_mounts
+                .iter()
+                .any(|g| g.get("destination").and_then(Value::as_str) == at)
+        });
+        mounts.extend(given_mounts);
+    }
     let linux = object
         .entry("linux")
         .or_insert_with(|| json!({}))
@@ -497,6 +522,45 @@ mod tests {
             !rules.iter().any(|r| r["minor"] == 0 && r["major"] == 195),
             "{rules:?}"
         );
+    }
+
+    #[test]
+    fn a_tdm_container_is_given_the_isolation_library_and_its_ledger() {
+        let mut spec = spec(Some(TDM), "app");
+        spec["mounts"] = json!([
+            {"destination": "/proc", "type": "proc", "source": "proc"},
+            {"destination": "/etc/ld.so.preload", "type": "bind", "source": "/tmp/theirs"},
+        ]);
+        let plan = plan(&spec, &config()).expect("plan");
+        let Plan::Give { part, .. } = &plan else {
+            panic!("a TDM container gets its part");
+        };
+        assert!(isolation::needed(part));
+        let mut given = given(&plan, &hardware()).expect("given");
+        given.enforcement = Some(Enforcement {
+            library: "/opt/lib.so".into(),
+            preload: "/run/iso/c1/ld.so.preload".into(),
+            ledger: "/run/iso/c1/ledger".into(),
+        });
+        apply(&mut spec, &given, &stat).expect("apply");
+        let mounts: Vec<(&str, &str)> = spec["mounts"]
+            .as_array()
+            .expect("mounts")
+            .iter()
+            .filter_map(|m| Some((m["destination"].as_str()?, m["source"].as_str()?)))
+            .collect();
+        assert_eq!(
+            mounts,
+            [
+                ("/proc", "proc"),
+                (isolation::LIBRARY, "/opt/lib.so"),
+                ("/etc/ld.so.preload", "/run/iso/c1/ld.so.preload"),
+                (isolation::LEDGER, "/run/iso/c1/ledger"),
+            ],
+            "the pod's own preload mount gives way"
+        );
+        let env = spec["process"]["env"].as_array().expect("env");
+        assert!(env.contains(&json!("RUNTIMEKIT_ISOLATION_DIR=/run/runtimekit/isolation")));
     }
 
     #[test]

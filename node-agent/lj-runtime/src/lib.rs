@@ -4,11 +4,15 @@
 //! device files, the RDMA NICs' devices, the visible-device environment and the limits, and
 //! then, for every command, execs runc with the arguments it was given.
 //!
-//! `args` finds the command and the bundle in runc's command line, `config` is the runtime's
-//! own settings, `hardware` what the node's resource layer says about its device files, and
-//! `inject` the rewrite of the spec itself, without I/O.
+//! A container holding a time-division share is also given the isolation library, preloaded,
+//! and a ledger folder of its own (`isolation`).
+//!
+//! `args` finds the command, the bundle and the container ID in runc's command line, `config` is
+//! the runtime's own settings, `hardware` what the node's resource layer says about its device
+//! files, and `inject` the rewrite of the spec itself, without I/O.
 
 pub mod args;
 pub mod config;
 pub mod hardware;
 pub mod inject;
+pub mod isolation;

@@ -6,6 +6,7 @@ use runtimekit_lj_runtime::args::RuncArgs;
 use runtimekit_lj_runtime::config::{DEFAULT_PATH, RuntimeConfig};
 use runtimekit_lj_runtime::hardware::Hardware;
 use runtimekit_lj_runtime::inject::{self, Plan};
+use runtimekit_lj_runtime::isolation::{self, Enforcement};
 use std::ffi::CString;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
@@ -25,6 +26,9 @@ fn main() -> ExitCode {
         && let Err(message) = prepare(&runc, &config)
     {
         return fail(&runc, &message);
+    }
+    if runc.command.as_deref() == Some("delete") {
+        forget(&runc, &config);
     }
     let program = match CString::new(config.runc.as_os_str().as_encoded_bytes()) {
         Ok(p) => p,
@@ -56,17 +60,81 @@ fn prepare(runc: &RuncArgs, config: &RuntimeConfig) -> Result<(), String> {
     let mut spec: serde_json::Value =
         serde_json::from_str(&text).map_err(|e| format!("{}: {e}", file.display()))?;
     let plan = inject::plan(&spec, config).map_err(|e| e.to_string())?;
-    let given = match &plan {
+    let mut given = match &plan {
         Plan::Leave => return Ok(()),
         Plan::Nothing => inject::given(&plan, &Hardware::default()),
         Plan::Give { .. } => inject::given(&plan, &hardware_for(&plan, config)?),
     }
     .map_err(|e| e.to_string())?;
+    if let Plan::Give { part, .. } = &plan
+        && isolation::needed(part)
+    {
+        given.enforcement = Some(enforcement(runc, config, &bundle, &spec)?);
+    }
     inject::apply(&mut spec, &given, &stat).map_err(|e| e.to_string())?;
     let written = bundle.join("config.json.lj-runtime");
     std::fs::write(&written, spec.to_string())
         .and_then(|()| std::fs::rename(&written, &file))
         .map_err(|e| format!("writing {}: {e}", file.display()))
+}
+
+/// The container's folder under the isolation state folder.
+fn state_folder(runc: &RuncArgs, config: &RuntimeConfig) -> Result<PathBuf, String> {
+    match runc.id.as_deref() {
+        Some(id) if isolation::usable_id(id) => Ok(config.isolation_state_dir.join(id)),
+        other => Err(format!(
+            "runc's command line names no usable container ID ({other:?})"
+        )),
+    }
+}
+
+/// Makes the container's ledger folder and preload list (the image's own entries kept) on the
+/// host. A container that must be held to its caps is not started without the library.
+fn enforcement(
+    runc: &RuncArgs,
+    config: &RuntimeConfig,
+    bundle: &Path,
+    spec: &serde_json::Value,
+) -> Result<Enforcement, String> {
+    use std::os::unix::fs::PermissionsExt;
+    let library = &config.isolation_library;
+    if !library.is_file() {
+        return Err(format!(
+            "the isolation library {} is missing on this node, so the container's GPU memory cap could not be enforced (install it beside lj-runtime, or set isolationLibrary in the lj-runtime settings)",
+            library.display()
+        ));
+    }
+    let folder = state_folder(runc, config)?;
+    let ledger = folder.join("ledger");
+    std::fs::create_dir_all(&ledger)
+        // The container's processes may run as any user: all of them share the ledger.
+        .and_then(|()| std::fs::set_permissions(&ledger, std::fs::Permissions::from_mode(0o777)))
+        .map_err(|e| format!("making {}: {e}", ledger.display()))?;
+    let root = spec
+        .get("root")
+        .and_then(|r| r.get("path"))
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or("rootfs");
+    let image_list =
+        std::fs::read_to_string(bundle.join(root).join("etc/ld.so.preload")).unwrap_or_default();
+    let preload = folder.join("ld.so.preload");
+    std::fs::write(&preload, isolation::preload_list(&image_list))
+        .map_err(|e| format!("writing {}: {e}", preload.display()))?;
+    Ok(Enforcement {
+        library: library.display().to_string(),
+        preload: preload.display().to_string(),
+        ledger: ledger.display().to_string(),
+    })
+}
+
+/// Removes a deleted container's isolation folder, if it had one.
+fn forget(runc: &RuncArgs, config: &RuntimeConfig) {
+    if let Ok(folder) = state_folder(runc, config)
+        && folder.exists()
+        && let Err(error) = std::fs::remove_dir_all(&folder)
+    {
+        eprintln!("lj-runtime: removing {}: {error}", folder.display());
+    }
 }
 
 /// The node's hardware once every MIG instance the plan needs exists, or as it is when the
