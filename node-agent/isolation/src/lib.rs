@@ -21,3 +21,4 @@ mod real;
 mod shared;
 #[cfg(not(test))]
 mod state;
+pub mod throttle;
