@@ -14,10 +14,14 @@
 #   - cuMemGetInfo, cuDeviceTotalMem and NVML's nvmlDeviceGetMemoryInfo_v2 report 4 GiB;
 #   - two processes share the cap: with 3 GiB held by one, the other is refused 2 GiB and
 #     given 1 GiB, and once the holder is killed without freeing, 4 GiB fits again.
+# Then, with kernels the probe hands the driver as PTX text:
+#   - launch overhead: the mean time of one launch, without and with the library;
+#   - fault containment: a process of one capped container stores to an illegal address while a
+#     neighbour container's process runs kernels; the neighbour must finish without an error;
+#   - time-slicing without a compute cap: each of two processes running kernels side by side
+#     gets about half of what it gets alone (the compute cap is not built yet: the 30 % / 70 %
+#     check comes with it).
 # It changes no MIG or compute mode. Exits non-zero when there is no GPU or any check fails.
-#
-# Not checked here yet (the compute cap is not built): SM share of two processes capped at 30 %
-# and 70 %, fault containment between neighbours, and the launch overhead.
 #
 # Usage: e2e/gpu-check-isolation.sh [BIN_DIR]     (default: target/gpu-check)
 set -uo pipefail
@@ -114,6 +118,34 @@ if grep -q '^holding' "$ledger/hold.out"; then
 else
   fail "the holder did not hold 3 GiB: $(cat "$ledger/hold.out")"
 fi
+
+# number FIELD TEXT: the value after FIELD in TEXT.
+number() { sed -n "s/.*$1 \([0-9.]*\).*/\1/p" <<<"$2" | head -1; }
+
+plain="$(bounded "$probe" launch-overhead 2>&1)"
+wrapped="$(capped "$probe" launch-overhead 2>&1)"
+say "launch overhead: $(number launch_us "$plain") us without the library, $(number launch_us "$wrapped") us with it"
+[[ -n "$(number launch_us "$wrapped")" ]] || fail "launch overhead: $plain / $wrapped"
+
+neighbour_ledger="$(mktemp -d)"
+env LD_PRELOAD="$library" RUNTIMEKIT_VISIBLE_DEVICES="$uuid" RUNTIMEKIT_GPU_MEMORY_LIMIT_MIB=4096 \
+  RUNTIMEKIT_ISOLATION_DIR="$neighbour_ledger" timeout 60 "$probe" spin --seconds 8 >"$ledger/spin.out" 2>&1 &
+spinner=$!
+sleep 2
+poisoned="$(capped "$probe" poison 2>&1)"
+wait "$spinner"
+rm -rf "$neighbour_ledger"
+say "fault containment: the faulting process: $poisoned; its neighbour: $(cat "$ledger/spin.out")"
+[[ "$(number result "$poisoned")" == 700 ]] || fail "the poison kernel did not report an illegal address (700): $poisoned"
+[[ "$(number result "$(cat "$ledger/spin.out")")" == 0 ]] || fail "the neighbour was disturbed: $(cat "$ledger/spin.out")"
+
+alone="$(number kernels_per_s "$(bounded "$probe" spin --seconds 5 2>&1)")"
+bounded "$probe" spin --seconds 5 >"$ledger/a.out" 2>&1 &
+first=$!
+second="$(number kernels_per_s "$(bounded "$probe" spin --seconds 5 2>&1)")"
+wait "$first"
+first="$(number kernels_per_s "$(cat "$ledger/a.out")")"
+say "time-slicing, no compute cap: alone ${alone} kernels/s; side by side ${first} and ${second} ($(awk -v a="$alone" -v x="$first" -v y="$second" 'BEGIN {if (a > 0) printf "%.0f %% and %.0f %% of alone", 100 * x / a, 100 * y / a}'))"
 
 echo
 if [[ $failures -eq 0 ]]; then

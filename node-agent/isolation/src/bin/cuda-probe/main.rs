@@ -6,6 +6,8 @@
 //! against the fake driver; the GPU check runs it on a real card.
 #![allow(unsafe_code)]
 
+mod kernels;
+
 use clap::{Parser, Subcommand, ValueEnum};
 use libloading::Library;
 use runtimekit_cuda_abi::{
@@ -57,6 +59,24 @@ enum Command {
     Info,
     /// Prints what NVML's `nvmlDeviceGetMemoryInfo_v2` says of the device (NVML's index).
     NvmlMemory,
+    /// Times launches of an empty kernel: prints the mean microseconds per launch.
+    LaunchOverhead {
+        /// How many launches.
+        #[arg(long, default_value_t = 20000)]
+        count: u32,
+    },
+    /// Runs kernels of fixed work on every multiprocessor for `seconds`, synchronising after
+    /// each: prints how many a second completed, and the error if one stopped them.
+    Spin {
+        /// Loop iterations of each thread.
+        #[arg(long, default_value_t = 200_000)]
+        iterations: u32,
+        /// How long.
+        #[arg(long, default_value_t = 10.0)]
+        seconds: f64,
+    },
+    /// Launches a kernel that stores to an illegal address: prints the error the card reports.
+    Poison,
     /// Allocates `mib` MiB, says so, and holds it for `seconds`.
     Hold {
         /// How much.
@@ -107,7 +127,7 @@ type GetProcAddressV2 =
 type GetProcAddress = unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64) -> CuResult;
 
 /// The driver, and how its entry points are found.
-struct Driver {
+pub(crate) struct Driver {
     library: Library,
     via: Via,
     proc_address_v2: Option<GetProcAddressV2>,
@@ -160,7 +180,12 @@ impl Driver {
 
     /// The entry point `base` (exported as `exported`), found the chosen way; `per_thread`
     /// asks `cuGetProcAddress` for the per-thread-default-stream variant.
-    fn entry<T: Copy>(&self, base: &str, exported: &str, per_thread: bool) -> Result<T, String> {
+    pub(crate) fn entry<T: Copy>(
+        &self,
+        base: &str,
+        exported: &str,
+        per_thread: bool,
+    ) -> Result<T, String> {
         let flags = if per_thread {
             abi::PROC_ADDRESS_PER_THREAD
         } else {
@@ -190,7 +215,7 @@ impl Driver {
 }
 
 /// A driver call's result as an error.
-fn check(call: &str, result: CuResult) -> Result<(), String> {
+pub(crate) fn check(call: &str, result: CuResult) -> Result<(), String> {
     if result == abi::SUCCESS {
         Ok(())
     } else {
@@ -445,6 +470,23 @@ fn run(cli: &Cli) -> Result<(), String> {
                 check("cuDeviceTotalMem", total_mem(&mut device_total, cli.device))?;
             }
             println!("free {free} total {total} device_total {device_total}");
+        }
+        Command::LaunchOverhead { count } => {
+            let kernels = kernels::Kernels::load(&driver, cli.device)?;
+            let each = kernels.launch_overhead(count)?;
+            println!("launch_us {:.3}", each.as_secs_f64() * 1e6);
+        }
+        Command::Spin {
+            iterations,
+            seconds,
+        } => {
+            let kernels = kernels::Kernels::load(&driver, cli.device)?;
+            let (done, result) = kernels.spin(iterations, seconds);
+            println!("kernels_per_s {:.2} result {result}", done as f64 / seconds);
+        }
+        Command::Poison => {
+            let kernels = kernels::Kernels::load(&driver, cli.device)?;
+            println!("poison result {}", kernels.poison());
         }
         // Answered above: it needs NVML, not the driver.
         Command::NvmlMemory => {}
