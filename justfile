@@ -96,6 +96,10 @@ gpu-check-build:
 gpu-check *args:
     e2e/gpu-check.sh {{args}}
 
+# Check the isolation library against the real driver on card 0 (memory cap, queries, fault containment, launch overhead), from target/gpu-check (builds nothing).
+gpu-check-isolation *args:
+    e2e/gpu-check-isolation.sh {{args}}
+
 # Exporter benchmark: 8 cards x 32 TDM slices; scrape latency, collector CPU at a 10 s interval, memory (table, then JSON).
 bench-exporter:
     cargo bench --quiet --locked -p runtimekit-node-agent --bench exporter
