@@ -5,7 +5,10 @@ use runtimekit_contract::RuntimeKitConfig;
 
 #[test]
 fn the_shipped_config_map_spells_out_the_defaults() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../config/operator/config.yaml");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../config/operator/config.yaml"
+    );
     let text = std::fs::read_to_string(path).expect("the shipped ConfigMap");
     let config_map: serde_yaml::Value = serde_yaml::from_str(&text).expect("YAML");
     let embedded = config_map["data"]["config.yaml"]
