@@ -15,7 +15,8 @@
 #   - two processes share the cap: with 3 GiB held by one, the other is refused 2 GiB and
 #     given 1 GiB, and once the holder is killed without freeing, 4 GiB fits again.
 # Then, with kernels the probe hands the driver as PTX text:
-#   - launch overhead: the mean time of one launch, without and with the library;
+#   - launch overhead: the mean time of one launch, without the library and through its launch
+#     gate (a compute cap set, no measurement closing the gate);
 #   - fault containment: a process of one capped container stores to an illegal address while a
 #     neighbour container's process runs kernels; the neighbour must finish without an error;
 #   - time-slicing without a compute cap: each of two processes running kernels side by side
@@ -123,8 +124,9 @@ fi
 number() { sed -n "s/.*$1 \([0-9.]*\).*/\1/p" <<<"$2" | head -1; }
 
 plain="$(bounded "$probe" launch-overhead 2>&1)"
-wrapped="$(capped "$probe" launch-overhead 2>&1)"
-say "launch overhead: $(number launch_us "$plain") us without the library, $(number launch_us "$wrapped") us with it"
+# With a compute cap, so every launch passes the gate (open: nothing writes measurements here).
+wrapped="$(RUNTIMEKIT_GPU_CORE_LIMIT=30 capped "$probe" launch-overhead 2>&1)"
+say "launch overhead: $(number launch_us "$plain") us without the library, $(number launch_us "$wrapped") us through its launch gate"
 [[ -n "$(number launch_us "$wrapped")" ]] || fail "launch overhead: $plain / $wrapped"
 
 neighbour_ledger="$(mktemp -d)"

@@ -3,7 +3,7 @@
 //! fields decide how much device memory a call takes. Types only: nothing here is exported as
 //! a C symbol, so linking this crate into a `cdylib` adds no entry point.
 
-use std::ffi::c_void;
+use std::ffi::{c_uint, c_void};
 
 /// `CUresult`.
 pub type CuResult = i32;
@@ -17,6 +17,37 @@ pub type CuDevicePtrV1 = u32;
 pub type Handle = *mut c_void;
 /// `CUmemGenericAllocationHandle`.
 pub type CuMemHandle = u64;
+
+/// `cuLaunchKernel` (and `_ptsz`): function, grid x/y/z, block x/y/z, shared memory bytes,
+/// stream, kernel parameters, extra options.
+pub type LaunchKernel = unsafe extern "C" fn(
+    Handle,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    Handle,
+    *mut *mut c_void,
+    *mut *mut c_void,
+) -> CuResult;
+
+/// `cuLaunchCooperativeKernel` (and `_ptsz`): `cuLaunchKernel`'s parameters without the extra
+/// options.
+pub type LaunchCooperativeKernel = unsafe extern "C" fn(
+    Handle,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    Handle,
+    *mut *mut c_void,
+) -> CuResult;
 
 /// `CUDA_SUCCESS`.
 pub const SUCCESS: CuResult = 0;

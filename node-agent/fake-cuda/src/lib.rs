@@ -10,7 +10,8 @@
 //! Like the real driver, it binds its own names to itself (`build.rs`): the addresses
 //! `cuGetProcAddress` returns and its internal calls never reach a preloaded library's hooks.
 //!
-//! It has no kernels: what a launch costs on a real card is measured by the GPU check.
+//! It has no kernels: a launch, of any function, succeeds at once in a current context. What a
+//! launch costs on a real card is measured by the GPU check.
 #![allow(unsafe_code, non_snake_case, clippy::missing_safety_doc)]
 
 use runtimekit_cuda_abi::{
@@ -610,6 +611,23 @@ pub extern "C" fn cuMemUnmap(_address: CuDevicePtr, _bytes: usize) -> CuResult {
     code(with(|_| Ok(())))
 }
 
+#[unsafe(no_mangle)]
+pub extern "C" fn cuLaunchKernel(
+    _f: Handle,
+    _gx: c_uint,
+    _gy: c_uint,
+    _gz: c_uint,
+    _bx: c_uint,
+    _by: c_uint,
+    _bz: c_uint,
+    _shared: c_uint,
+    _stream: Handle,
+    _params: *mut *mut c_void,
+    _extra: *mut *mut c_void,
+) -> CuResult {
+    code(current().map(|_| ()))
+}
+
 /// `(function, the CUDA version that introduced it)`.
 macro_rules! v {
     ($f:ident, $since:literal) => {
@@ -660,6 +678,7 @@ fn lookup(name: &str, version: c_int, flags: u64) -> Result<*const c_void, i32> 
         ("cuMemAddressFree", _) => &[v!(cuMemAddressFree, 10020)],
         ("cuMemMap", _) => &[v!(cuMemMap, 10020)],
         ("cuMemUnmap", _) => &[v!(cuMemUnmap, 10020)],
+        ("cuLaunchKernel", false) => &[v!(cuLaunchKernel, 4000)],
         ("cuGetProcAddress", _) => &[v!(cuGetProcAddress, 11030), v!(cuGetProcAddress_v2, 12000)],
         _ => return Err(abi::PROC_ADDRESS_NOT_FOUND),
     };

@@ -19,6 +19,7 @@ pub mod limits;
 mod real;
 #[cfg(not(test))]
 mod shared;
+pub mod shares;
 #[cfg(not(test))]
 mod state;
 pub mod throttle;

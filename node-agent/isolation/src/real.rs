@@ -56,9 +56,13 @@ fn lookup(handle: *mut c_void, name: &CStr) -> Option<usize> {
     (address != 0).then_some(address)
 }
 
-/// The real function `$name` of library `$lib` (`cuda` or `nvml`) as a `$ty`, looked up once.
+/// The real function `$name` (a string, or the name itself) of library `$lib` (`cuda` or
+/// `nvml`) as a `$ty`, looked up once.
 macro_rules! function {
-    ($lib:ident, $name:literal, $ty:ty) => {{
+    ($lib:ident, $name:ident, $ty:ty) => {
+        $crate::real::function!($lib, stringify!($name), $ty)
+    };
+    ($lib:ident, $name:expr, $ty:ty) => {{
         static ADDRESS: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
         ADDRESS
             .get_or_init(|| {

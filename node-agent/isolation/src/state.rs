@@ -1,10 +1,13 @@
 //! The library's state in a process: the limits, the shared ledger, which driver device is which
-//! of the container's cards, and what each live allocation of this process took.
+//! of the container's cards, what each live allocation of this process took, and the compute
+//! gate of each capped card with the thread that feeds it the measured shares.
 
 use crate::ledger::{CARDS, Process};
 use crate::limits::Limits;
 use crate::real::function;
 use crate::shared::{self, Ledger};
+use crate::shares;
+use crate::throttle::Throttle;
 use runtimekit_cuda_abi::{self as abi, CuDevice, CuResult, CuUuid};
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
@@ -33,6 +36,49 @@ pub struct Isolation {
     live: Mutex<HashMap<Key, (usize, u64)>>,
     /// This process's slot, with the PID it was claimed for (a forked child claims anew).
     slot: Mutex<Option<(Process, usize)>>,
+    /// The compute gate of each card position with a compute cap, made at its first launch.
+    gates: Mutex<HashMap<usize, Throttle>>,
+}
+
+/// The rate a gate starts at, in blocks a second: high enough to hold nothing back until the
+/// first measurement says where the share is.
+const INITIAL_RATE: f64 = 1e9;
+/// How often the shares file is looked at.
+const WATCH_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Seconds on a monotonic clock, for the gates.
+fn seconds() -> f64 {
+    static START: OnceLock<std::time::Instant> = OnceLock::new();
+    START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_secs_f64()
+}
+
+/// The watcher thread: reads the shares file in the ledger folder whenever it changes.
+fn watch_shares() {
+    let state = isolation();
+    let Some(file) = state
+        .limits
+        .as_ref()
+        .ok()
+        .and_then(|l| l.ledger_dir.as_ref())
+        .map(|d| d.join(shares::FILE))
+    else {
+        return;
+    };
+    let mut seen = HashMap::new();
+    let mut modified = None;
+    loop {
+        let now = std::fs::metadata(&file).and_then(|m| m.modified()).ok();
+        if now.is_some() && now != modified {
+            modified = now;
+            if let Ok(text) = std::fs::read_to_string(&file) {
+                state.observe(&text, &mut seen);
+            }
+        }
+        std::thread::sleep(WATCH_EVERY);
+    }
 }
 
 thread_local! {
@@ -76,6 +122,7 @@ pub fn isolation() -> &'static Isolation {
             cards: Mutex::new(HashMap::new()),
             live: Mutex::new(HashMap::new()),
             slot: Mutex::new(None),
+            gates: Mutex::new(HashMap::new()),
         }
     })
 }
@@ -94,15 +141,80 @@ impl Isolation {
     /// it; `Err` when limits could not be read (everything is refused).
     pub fn card(&self, device: CuDevice) -> Result<Option<usize>, CuResult> {
         let limits = self.limits.as_ref().map_err(|_| abi::ERROR_OUT_OF_MEMORY)?;
+        Ok(self
+            .position(device)
+            .filter(|&card| card < CARDS && limits.cards[card].memory.is_some()))
+    }
+
+    /// The container's card position of driver device `device`, by its UUID.
+    fn position(&self, device: CuDevice) -> Option<usize> {
+        let limits = self.limits.as_ref().ok()?;
         let mut cards = self.cards.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(card) = cards.get(&device) {
-            return Ok(*card);
+            return *card;
         }
-        let card = device_uuid(device)
-            .and_then(|uuid| limits.card(&uuid.card_name()))
-            .filter(|&card| card < CARDS && limits.cards[card].memory.is_some());
+        let card = device_uuid(device).and_then(|uuid| limits.card(&uuid.card_name()));
         cards.insert(device, card);
-        Ok(card)
+        card
+    }
+
+    /// Passes a launch of `blocks` on the current context's card through its compute gate:
+    /// waits as long as the gate says (nothing when the card has no compute cap).
+    pub fn gate(&self, blocks: u64) {
+        let Some(device) = current_device() else {
+            return;
+        };
+        let Some((card, core, policy)) = self.position(device).and_then(|card| {
+            let limits = self.limits.as_ref().ok()?;
+            Some((card, limits.cards[card].core?, limits.policy))
+        }) else {
+            return;
+        };
+        self.start_watching();
+        let wait = self
+            .gates
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(card)
+            .or_insert_with(|| Throttle::new(core, policy, INITIAL_RATE, seconds()))
+            .admit(blocks, seconds());
+        if !wait.is_zero() {
+            std::thread::sleep(wait);
+        }
+    }
+
+    /// Starts, once, the thread that feeds the gates the container's measured shares.
+    fn start_watching(&self) {
+        static STARTED: std::sync::Once = std::sync::Once::new();
+        STARTED.call_once(|| {
+            let started = std::thread::Builder::new()
+                .name("runtimekit-isolation-shares".into())
+                .spawn(watch_shares);
+            if let Err(error) = started {
+                eprintln!(
+                    "runtimekit-isolation: cannot watch the measured shares ({error}); launches pass unthrottled"
+                );
+            }
+        });
+    }
+
+    /// Gives each gate the newest measurement of its card, from the shares file's `text`.
+    fn observe(&self, text: &str, seen: &mut HashMap<usize, u64>) {
+        let Ok(limits) = self.limits.as_ref() else {
+            return;
+        };
+        let mut gates = self.gates.lock().unwrap_or_else(|e| e.into_inner());
+        for share in shares::parse(text) {
+            let Some(card) = limits.card(&share.uuid) else {
+                continue;
+            };
+            if seen.insert(card, share.sequence) == Some(share.sequence) {
+                continue;
+            }
+            if let Some(gate) = gates.get_mut(&card) {
+                gate.observe(share.mine, share.others);
+            }
+        }
     }
 
     /// The cap of card position `card`.

@@ -27,6 +27,9 @@ const STEP: f64 = 2.0;
 const BURST: f64 = 0.05;
 /// Below this share, the neighbours count as idle for `YieldIdle`.
 pub const IDLE_OTHERS: f64 = 0.02;
+/// The longest one launch waits, whatever the debt: a wrong or stale measurement must not
+/// stall a program for minutes.
+const MAX_WAIT: f64 = 0.5;
 /// The slowest and fastest the gate runs, in blocks per second.
 const MIN_RATE: f64 = 1.0;
 const MAX_RATE: f64 = 1e12;
@@ -97,7 +100,7 @@ impl Throttle {
             0.0
         } else {
             self.held = true;
-            -self.tokens / self.rate
+            (-self.tokens / self.rate).min(MAX_WAIT)
         };
         self.tokens -= blocks as f64;
         Duration::from_secs_f64(wait)
@@ -327,5 +330,8 @@ mod tests {
         assert_eq!(t.admit(150, 0.0), Duration::ZERO);
         let wait = t.admit(10, 0.0).as_secs_f64();
         assert!((wait - 0.1).abs() < 1e-9, "{wait}");
+        // However deep the debt, one launch waits at most half a second.
+        t.admit(1_000_000, 0.0);
+        assert_eq!(t.admit(1, 0.0), Duration::from_millis(500));
     }
 }

@@ -65,7 +65,7 @@ impl Node {
     }
 
     /// `program` with the fake driver on the library path, and with the isolation library
-    /// and the limits `memory_mib` (per card, as lj-runtime writes them) when `capped`.
+    /// and the limits `memory_mib` (per card, as lj-runtime writes them) when given.
     fn command(&self, program: &Path, memory_mib: Option<&str>) -> Command {
         let mut command = Command::new(program);
         command
@@ -296,4 +296,50 @@ fn the_probe_needs_the_driver_and_says_so() {
     }
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("cannot load libcuda.so.1"), "{stderr}");
+}
+
+/// Launches in the last second of a probe with compute cap `core` launching for `seconds`,
+/// while `shares` (when given) is written into the ledger folder anew every 60 ms with the next
+/// measurement number.
+fn launch_rate(node: &Node, core: &str, shares: Option<&str>, seconds: f64) -> f64 {
+    let probe = Path::new(env!("CARGO_BIN_EXE_runtimekit-cuda-probe"));
+    let child = node
+        .command(probe, Some("4096"))
+        .env("RUNTIMEKIT_GPU_CORE_LIMIT", core)
+        .args(["launches", "--seconds", &seconds.to_string()])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("probe");
+    if let Some(line) = shares {
+        let file = node.dir.join("ledger/shares");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs_f64(seconds);
+        let mut sequence = 0;
+        while std::time::Instant::now() < deadline {
+            sequence += 1;
+            let temp = node.dir.join("ledger/shares.new");
+            std::fs::write(&temp, format!("{UUID} {line} {sequence}\n")).expect("write");
+            std::fs::rename(&temp, &file).expect("rename");
+            std::thread::sleep(std::time::Duration::from_millis(60));
+        }
+    }
+    let output = child.wait_with_output().expect("probe");
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    text.split_once("last_second ")
+        .and_then(|(_, r)| r.trim().parse().ok())
+        .expect("the probe's rate")
+}
+
+#[test]
+fn launches_slow_down_when_the_measured_share_is_over_the_cap() {
+    let node = Node::new();
+    let free = launch_rate(&node, "30", None, 1.0);
+    // Measured at the whole card with a 30 % cap: the gate closes, measurement by measurement.
+    let held = launch_rate(&node, "30", Some("1.0 0.0"), 2.0);
+    assert!(
+        held * 20.0 < free,
+        "{held} launches a second held, {free} free"
+    );
+    // Without a compute cap the same measurements hold nothing back.
+    let uncapped = launch_rate(&node, "0", Some("1.0 0.0"), 1.0);
+    assert!(uncapped * 2.0 > free, "{uncapped} uncapped, {free} free");
 }

@@ -11,6 +11,7 @@
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
 mod info;
+mod launch;
 mod memory;
 
 use crate::real;
@@ -55,6 +56,14 @@ fn hooks() -> &'static [(&'static str, usize)] {
             info::cuDeviceTotalMem_v2,
             info::nvmlDeviceGetMemoryInfo,
             info::nvmlDeviceGetMemoryInfo_v2,
+            launch::cuLaunchKernel,
+            launch::cuLaunchKernel_ptsz,
+            launch::cuLaunchKernelEx,
+            launch::cuLaunchKernelEx_ptsz,
+            launch::cuLaunchCooperativeKernel,
+            launch::cuLaunchCooperativeKernel_ptsz,
+            launch::cuGraphLaunch,
+            launch::cuGraphLaunch_ptsz,
             self::cuGetProcAddress,
             self::cuGetProcAddress_v2,
         ]

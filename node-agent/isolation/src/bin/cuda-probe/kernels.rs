@@ -2,7 +2,7 @@
 //! driver's JIT assembles it), launched through the driver as found the chosen way.
 
 use crate::{Driver, check};
-use runtimekit_cuda_abi::{CuDevice, CuDevicePtr, CuResult, Handle};
+use runtimekit_cuda_abi::{CuDevice, CuDevicePtr, CuResult, Handle, LaunchKernel};
 use std::ffi::{c_int, c_uint, c_void};
 use std::time::{Duration, Instant};
 
@@ -52,26 +52,12 @@ LOOP:
 /// `CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT`.
 const MULTIPROCESSOR_COUNT: c_int = 16;
 
-type LaunchFn = unsafe extern "C" fn(
-    Handle,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    Handle,
-    *mut *mut c_void,
-    *mut *mut c_void,
-) -> CuResult;
-
 /// The loaded module's kernels and the calls that run them.
 pub struct Kernels {
     empty: Handle,
     spin: Handle,
     poison: Handle,
-    launch: LaunchFn,
+    launch: LaunchKernel,
     synchronize: unsafe extern "C" fn() -> CuResult,
     multiprocessors: c_uint,
     out: CuDevicePtr,

@@ -59,6 +59,16 @@ enum Command {
     Info,
     /// Prints what NVML's `nvmlDeviceGetMemoryInfo_v2` says of the device (NVML's index).
     NvmlMemory,
+    /// Launches as fast as it may for `seconds` (no module: a null function, which only the
+    /// fake driver runs): prints the launches a second, and how many in the last second.
+    Launches {
+        /// Blocks of each launch.
+        #[arg(long, default_value_t = 100)]
+        blocks: u32,
+        /// How long.
+        #[arg(long, default_value_t = 1.0)]
+        seconds: f64,
+    },
     /// Times launches of an empty kernel: prints the mean microseconds per launch.
     LaunchOverhead {
         /// How many launches.
@@ -470,6 +480,46 @@ fn run(cli: &Cli) -> Result<(), String> {
                 check("cuDeviceTotalMem", total_mem(&mut device_total, cli.device))?;
             }
             println!("free {free} total {total} device_total {device_total}");
+        }
+        Command::Launches { blocks, seconds } => {
+            let launch: runtimekit_cuda_abi::LaunchKernel =
+                driver.entry("cuLaunchKernel", "cuLaunchKernel", false)?;
+            let started = std::time::Instant::now();
+            let deadline = started + Duration::from_secs_f64(seconds);
+            // The last second is also counted on its own: a gate settles after a while.
+            let last = deadline - Duration::from_secs_f64(seconds.min(1.0));
+            let (mut launched, mut in_last) = (0u64, 0u64);
+            loop {
+                let now = std::time::Instant::now();
+                if now >= deadline {
+                    break;
+                }
+                let null = std::ptr::null_mut();
+                // SAFETY: cuda.h's signature; the fake driver runs any function.
+                check("cuLaunchKernel", unsafe {
+                    launch(
+                        null,
+                        blocks,
+                        1,
+                        1,
+                        1,
+                        1,
+                        1,
+                        0,
+                        null,
+                        std::ptr::null_mut(),
+                        std::ptr::null_mut(),
+                    )
+                })?;
+                launched += 1;
+                if now >= last {
+                    in_last += 1;
+                }
+            }
+            println!(
+                "launches_per_s {:.1} last_second {in_last}",
+                launched as f64 / seconds
+            );
         }
         Command::LaunchOverhead { count } => {
             let kernels = kernels::Kernels::load(&driver, cli.device)?;
