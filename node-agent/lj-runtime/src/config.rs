@@ -27,6 +27,29 @@ pub struct RuntimeConfig {
     pub isolation_library: PathBuf,
     /// Where each such container's folder (its memory ledger and preload list) is kept.
     pub isolation_state_dir: PathBuf,
+    /// What a time-division container alone on its card may use: `Enforce` (its share, the
+    /// default) or `YieldIdle` (the whole card while no neighbour works).
+    pub core_policy: CorePolicy,
+}
+
+/// The compute cap of a time-division container alone on its card.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+pub enum CorePolicy {
+    /// Its share, always.
+    #[default]
+    Enforce,
+    /// The whole card while no one else uses it.
+    YieldIdle,
+}
+
+impl CorePolicy {
+    /// The value of `RUNTIMEKIT_GPU_CORE_POLICY` the isolation library reads.
+    pub fn variable(self) -> &'static str {
+        match self {
+            CorePolicy::Enforce => "enforce",
+            CorePolicy::YieldIdle => "yield-idle",
+        }
+    }
 }
 
 impl Default for RuntimeConfig {
@@ -41,6 +64,7 @@ impl Default for RuntimeConfig {
                 "/usr/local/lib/runtimekit/libruntimekit_isolation.so",
             ),
             isolation_state_dir: PathBuf::from("/run/runtimekit/isolation"),
+            core_policy: CorePolicy::Enforce,
         }
     }
 }
@@ -71,8 +95,11 @@ mod tests {
 
     #[test]
     fn fields_default_and_unknown_ones_are_refused() {
-        let config: RuntimeConfig =
-            serde_json::from_str(r#"{"nodeName": "n1", "instanceWaitSeconds": 5}"#).expect("json");
+        let config: RuntimeConfig = serde_json::from_str(
+            r#"{"nodeName": "n1", "instanceWaitSeconds": 5, "corePolicy": "YieldIdle"}"#,
+        )
+        .expect("json");
+        assert_eq!(config.core_policy.variable(), "yield-idle");
         assert_eq!(config.node_name, "n1");
         assert_eq!(config.instance_wait(), Duration::from_secs(5));
         assert_eq!(config.resource_prefix, "aliyun.com");

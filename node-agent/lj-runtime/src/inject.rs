@@ -17,6 +17,7 @@
 //! | `RUNTIMEKIT_GPU_MEMORY_LIMIT_MIB` | memory cap in MiB per card; `0` means no cap |
 //! | `RUNTIMEKIT_RDMA_DEVICES` | the RDMA NICs' names |
 //! | `RUNTIMEKIT_ISOLATION_DIR` | the container's ledger folder, when it holds a TDM share |
+//! | `RUNTIMEKIT_GPU_CORE_POLICY` | `enforce` or `yield-idle`, the node's setting (lj-runtime's `corePolicy`) |
 
 use crate::config::RuntimeConfig;
 use crate::hardware::Hardware;
@@ -34,8 +35,9 @@ const POD_NAMESPACE: &str = "io.kubernetes.cri.sandbox-namespace";
 const POD_NAME: &str = "io.kubernetes.cri.sandbox-name";
 
 /// Every variable this sets, removed from the spec first.
-const VARIABLES: [&str; 7] = [
+const VARIABLES: [&str; 8] = [
     "RUNTIMEKIT_ISOLATION_DIR",
+    "RUNTIMEKIT_GPU_CORE_POLICY",
     "NVIDIA_VISIBLE_DEVICES",
     "RUNTIMEKIT_VISIBLE_DEVICES",
     "RUNTIMEKIT_SLICE_MODES",
@@ -346,6 +348,10 @@ pub fn apply(spec: &mut Value, given: &Given, stat: Stat<'_>) -> Result<(), Inje
             "RUNTIMEKIT_ISOLATION_DIR={}",
             isolation::LEDGER
         )));
+        env.push(json!(format!(
+            "RUNTIMEKIT_GPU_CORE_POLICY={}",
+            enforcement.core_policy
+        )));
         let given_mounts = isolation::mounts(enforcement);
         let mounts = object
             .entry("mounts")
@@ -531,6 +537,8 @@ mod tests {
             {"destination": "/proc", "type": "proc", "source": "proc"},
             {"destination": "/etc/ld.so.preload", "type": "bind", "source": "/tmp/theirs"},
         ]);
+        // A pod cannot choose its own policy: the node's replaces it.
+        spec["process"]["env"] = json!(["PATH=/bin", "RUNTIMEKIT_GPU_CORE_POLICY=yield-idle"]);
         let plan = plan(&spec, &config()).expect("plan");
         let Plan::Give { part, .. } = &plan else {
             panic!("a TDM container gets its part");
@@ -541,6 +549,7 @@ mod tests {
             library: "/opt/lib.so".into(),
             preload: "/run/iso/c1/ld.so.preload".into(),
             ledger: "/run/iso/c1/ledger".into(),
+            core_policy: "enforce",
         });
         apply(&mut spec, &given, &stat).expect("apply");
         let mounts: Vec<(&str, &str)> = spec["mounts"]
@@ -561,6 +570,8 @@ mod tests {
         );
         let env = spec["process"]["env"].as_array().expect("env");
         assert!(env.contains(&json!("RUNTIMEKIT_ISOLATION_DIR=/run/runtimekit/isolation")));
+        assert!(env.contains(&json!("RUNTIMEKIT_GPU_CORE_POLICY=enforce")));
+        assert!(!env.contains(&json!("RUNTIMEKIT_GPU_CORE_POLICY=yield-idle")));
     }
 
     #[test]

@@ -24,6 +24,8 @@ pub struct Enforcement {
     pub preload: String,
     /// The container's ledger folder.
     pub ledger: String,
+    /// `RUNTIMEKIT_GPU_CORE_POLICY`: the node's setting, never the pod's.
+    pub core_policy: &'static str,
 }
 
 /// Whether a container's part of the allocation needs enforcing: it holds a time-division

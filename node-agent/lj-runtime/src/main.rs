@@ -124,6 +124,7 @@ fn enforcement(
         library: library.display().to_string(),
         preload: preload.display().to_string(),
         ledger: ledger.display().to_string(),
+        core_policy: config.core_policy.variable(),
     })
 }
 
