@@ -6,7 +6,7 @@
 //! per second up to a burst of `BURST` seconds' worth, a launch takes its cost, and a launch
 //! finding the bucket in debt waits until it is paid. Every measurement (the container's share
 //! of the card over the last interval, and the share of everyone else) scales the rate towards
-//! the target, `rate *= (target / measured) ^ GAIN`, at most `STEP` times either way: the share
+//! the target, `rate *= sqrt(target / measured)`, at most `STEP` times either way: the share
 //! a gate lets through grows with its rate, so the rate settles where the share is the target.
 //! The rate is raised only
 //! when the gate actually held launches back (an idle container is below its share because it
@@ -19,8 +19,6 @@
 
 use std::time::Duration;
 
-/// How strongly one measurement moves the rate.
-const GAIN: f64 = 0.5;
 /// The most one measurement may multiply or divide the rate by.
 const STEP: f64 = 2.0;
 /// Seconds of refill the bucket holds.
@@ -118,8 +116,9 @@ impl Throttle {
         if mine < self.target && !self.held {
             return;
         }
+        // The square root: half the way, on a log scale (and no libm, see build.rs).
         let factor = (self.target / mine.max(1e-3))
-            .powf(GAIN)
+            .sqrt()
             .clamp(1.0 / STEP, STEP);
         self.rate = (self.rate * factor).clamp(MIN_RATE, MAX_RATE);
         self.held = false;
