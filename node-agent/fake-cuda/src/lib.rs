@@ -153,11 +153,14 @@ unsafe fn put<T>(out: *mut T, value: T) -> Result<(), CuResult> {
 
 /// Allocates `bytes` on the current context's device into `out`.
 unsafe fn allocate(out: *mut CuDevicePtr, bytes: u64) -> CuResult {
-    code(current().and_then(|device| {
-        let address = with(|d| d.take(device, bytes))?;
-        // SAFETY: the caller's out-pointer.
-        unsafe { put(out, address) }
-    }))
+    // SAFETY: the caller's out-pointer.
+    code(take_current(bytes).and_then(|address| unsafe { put(out, address) }))
+}
+
+/// Takes `bytes` on the current context's device: the new allocation's address.
+fn take_current(bytes: u64) -> Result<u64, CuResult> {
+    let device = current()?;
+    with(|d| d.take(device, bytes))
 }
 
 #[unsafe(no_mangle)]
@@ -306,15 +309,9 @@ pub unsafe extern "C" fn cuMemAlloc_v2(out: *mut CuDevicePtr, bytes: usize) -> C
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemAlloc(out: *mut CuDevicePtrV1, bytes: c_uint) -> CuResult {
-    let mut address: CuDevicePtr = 0;
-    // SAFETY: a local out-pointer.
-    let result = unsafe { allocate(&mut address, u64::from(bytes)) };
-    if result != abi::SUCCESS {
-        return result;
-    }
     // The 32-bit API hands out the low half, as the driver's legacy entry points do.
     // SAFETY: the caller's out-pointer.
-    code(unsafe { put(out, address as CuDevicePtrV1) })
+    code(take_current(u64::from(bytes)).and_then(|a| unsafe { put(out, a as CuDevicePtrV1) }))
 }
 
 #[unsafe(no_mangle)]
@@ -460,14 +457,8 @@ pub unsafe extern "C" fn cuMemGetInfo(free: *mut c_uint, total: *mut c_uint) -> 
 
 /// Allocates an array of `bytes` on the current device into `out` (arrays are handles).
 unsafe fn array(out: *mut Handle, bytes: u64) -> CuResult {
-    let mut address: CuDevicePtr = 0;
-    // SAFETY: a local out-pointer.
-    let result = unsafe { allocate(&mut address, bytes) };
-    if result != abi::SUCCESS {
-        return result;
-    }
     // SAFETY: the caller's out-pointer.
-    code(unsafe { put(out, address as Handle) })
+    code(take_current(bytes).and_then(|a| unsafe { put(out, a as Handle) }))
 }
 
 #[unsafe(no_mangle)]

@@ -44,17 +44,17 @@ pub fn parse(text: &str) -> Vec<Share> {
         .collect()
 }
 
-/// The file's text for `shares`.
-pub fn render(shares: &[Share]) -> String {
-    shares
-        .iter()
-        .map(|s| format!("{} {:.4} {:.4} {}\n", s.uuid, s.mine, s.others, s.sequence))
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The file's text for `shares`, as its writer puts it.
+    pub fn render(shares: &[Share]) -> String {
+        shares
+            .iter()
+            .map(|s| format!("{} {:.4} {:.4} {}\n", s.uuid, s.mine, s.others, s.sequence))
+            .collect()
+    }
 
     #[test]
     fn lines_read_back_and_garbage_is_skipped() {

@@ -38,6 +38,8 @@ pub struct Isolation {
     slot: Mutex<Option<(Process, usize)>>,
     /// The compute gate of each card position with a compute cap, made at its first launch.
     gates: Mutex<HashMap<usize, Throttle>>,
+    /// Whether any card has a compute cap: without one a launch asks the driver nothing.
+    any_core_cap: bool,
 }
 
 /// The rate a gate starts at, in blocks a second: high enough to hold nothing back until the
@@ -116,7 +118,11 @@ pub fn isolation() -> &'static Isolation {
             );
         }
         let dir = limits.as_ref().ok().and_then(|l| l.ledger_dir.clone());
+        let any_core_cap = limits
+            .as_ref()
+            .is_ok_and(|l| l.cards.iter().any(|c| c.core.is_some()));
         Isolation {
+            any_core_cap,
             ledger: Ledger::open(dir.as_deref()),
             limits,
             cards: Mutex::new(HashMap::new()),
@@ -161,6 +167,9 @@ impl Isolation {
     /// Passes a launch of `blocks` on the current context's card through its compute gate:
     /// waits as long as the gate says (nothing when the card has no compute cap).
     pub fn gate(&self, blocks: u64) {
+        if !self.any_core_cap {
+            return;
+        }
         let Some(device) = current_device() else {
             return;
         };
@@ -229,11 +238,14 @@ impl Isolation {
 
     /// This process's slot, claimed at first use (and again in a forked child).
     fn my_slot(&self, table: &crate::ledger::Table) -> Option<usize> {
-        let me = shared::me();
         let mut slot = self.slot.lock().unwrap_or_else(|e| e.into_inner());
+        // The PID tells a forked child from its parent; the start time (a read of /proc) is
+        // needed only when a slot is claimed.
+        let pid = i32::try_from(std::process::id()).unwrap_or(i32::MAX);
         match *slot {
-            Some((owner, index)) if owner == me => Some(index),
+            Some((owner, index)) if owner.pid == pid => Some(index),
             _ => {
+                let me = shared::me();
                 let index = table.claim(me).or_else(|| {
                     table.reap(shared::alive);
                     table.claim(me)

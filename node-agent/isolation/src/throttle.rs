@@ -76,11 +76,6 @@ impl Throttle {
         }
     }
 
-    /// The rate now, in blocks per second.
-    pub fn rate(&self) -> f64 {
-        self.rate
-    }
-
     fn refill(&mut self, now: f64) {
         let elapsed = (now - self.refilled).max(0.0);
         self.tokens = (self.tokens + elapsed * self.rate).min(self.rate * BURST);
@@ -314,12 +309,12 @@ mod tests {
         for _ in 0..50 {
             t.observe(0.0, 0.5);
         }
-        assert_eq!(t.rate(), 1000.0);
+        assert_eq!(t.rate, 1000.0);
         // Held back and under its share: the gate opens.
         t.admit(100_000, 0.0);
         t.admit(1, 0.0);
         t.observe(0.1, 0.5);
-        assert!(t.rate() > 1000.0);
+        assert!(t.rate > 1000.0);
     }
 
     #[test]

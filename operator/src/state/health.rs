@@ -6,6 +6,7 @@
 use super::State;
 use runtimekit_contract::HealthTaint;
 use runtimekit_placement::{Taint, TaintEffect};
+use std::collections::BTreeMap;
 
 /// The longest value a taint may carry (a label value).
 const MAX_VALUE: usize = 63;
@@ -52,13 +53,16 @@ impl State {
             HealthTaint::PreferNoSchedule => Some(TaintEffect::PreferNoSchedule),
         };
         let key = self.health_taint_key();
+        let faulted_by_node: BTreeMap<&str, &[u32]> = self
+            .node_groups
+            .values()
+            .map(|g| (g.node.as_str(), g.faulted.as_slice()))
+            .collect();
         let mut changes = Vec::new();
         for (name, node) in &self.nodes {
-            let faulted = self
-                .node_groups
-                .values()
-                .find(|g| &g.node == name)
-                .map(|g| g.faulted.as_slice())
+            let faulted = faulted_by_node
+                .get(name.as_str())
+                .copied()
                 .unwrap_or_default();
             let wanted = effect.filter(|_| !faulted.is_empty()).map(|effect| Taint {
                 key: key.to_owned(),
