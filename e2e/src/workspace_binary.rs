@@ -1,4 +1,4 @@
-//! This workspace's binaries, for the tests that run them: built with cargo on first use.
+//! This workspace's binaries and shared libraries, for the tests that run them: built with cargo on first use.
 
 use anyhow::{Context, Result, bail};
 use std::collections::BTreeMap;
@@ -9,15 +9,57 @@ use std::sync::Mutex;
 /// when it is up to date), in the same profile as the tests. `RUNTIMEKIT_BIN_<NAME>` (the
 /// binary's name in upper case, `-` as `_`) names a prebuilt one instead.
 pub fn workspace_binary(package: &str, binary: &str) -> Result<PathBuf> {
+    build_once(package, Artifact::Binary(binary))
+}
+
+/// The path of a shared library (`cdylib`) of this workspace, built like
+/// [`workspace_binary`]; `file` is its file name (`libruntimekit_isolation.so`). Building a
+/// package's binary does not build its `cdylib`, so a test needing both asks for each.
+pub fn workspace_library(package: &str, file: &str) -> Result<PathBuf> {
+    build_once(package, Artifact::Library(file))
+}
+
+enum Artifact<'a> {
+    Binary(&'a str),
+    Library(&'a str),
+}
+
+impl Artifact<'_> {
+    fn name(&self) -> &str {
+        match self {
+            Artifact::Binary(name) | Artifact::Library(name) => name,
+        }
+    }
+
+    /// The file this artifact is in cargo's `compiler-artifact` message, if it is there.
+    fn find_in(&self, message: &serde_json::Value) -> Option<PathBuf> {
+        match self {
+            Artifact::Binary(name) => (message["target"]["name"] == *name)
+                .then(|| message["executable"].as_str().map(PathBuf::from))
+                .flatten(),
+            Artifact::Library(file) => message["filenames"]
+                .as_array()?
+                .iter()
+                .filter_map(|f| f.as_str().map(PathBuf::from))
+                .find(|f| f.file_name().is_some_and(|n| n == *file)),
+        }
+    }
+}
+
+fn build_once(package: &str, artifact: Artifact) -> Result<PathBuf> {
     static BUILT: Mutex<BTreeMap<String, PathBuf>> = Mutex::new(BTreeMap::new());
-    let variable = format!("RUNTIMEKIT_BIN_{}", binary.to_uppercase().replace('-', "_"));
+    let name = artifact.name();
+    let variable = format!(
+        "RUNTIMEKIT_BIN_{}",
+        name.to_uppercase().replace(['-', '.'], "_")
+    );
     if let Some(path) = std::env::var_os(&variable) {
         return Ok(PathBuf::from(path));
     }
     let mut built = BUILT
         .lock()
         .map_err(|_| anyhow::anyhow!("build list poisoned"))?;
-    if let Some(path) = built.get(binary) {
+    if let Some(path) = built.get(name) {
         return Ok(path.clone());
     }
     let cargo = std::env::var_os("CARGO")
@@ -27,7 +69,11 @@ pub fn workspace_binary(package: &str, binary: &str) -> Result<PathBuf> {
     plain_cargo_env(&mut command);
     command
         .current_dir(crate::tools::repo_root())
-        .args(["build", "-p", package, "--bin", binary])
+        .args(["build", "-p", package])
+        .args(match artifact {
+            Artifact::Binary(binary) => vec!["--bin", binary],
+            Artifact::Library(_) => vec!["--lib"],
+        })
         .arg("--message-format=json-render-diagnostics")
         .stderr(std::process::Stdio::inherit());
     if !cfg!(debug_assertions) {
@@ -35,17 +81,17 @@ pub fn workspace_binary(package: &str, binary: &str) -> Result<PathBuf> {
     }
     let output = command
         .output()
-        .with_context(|| format!("building {binary} with cargo"))?;
+        .with_context(|| format!("building {name} with cargo"))?;
     if !output.status.success() {
-        bail!("cargo could not build {binary} ({})", output.status);
+        bail!("cargo could not build {name} ({})", output.status);
     }
     let path = String::from_utf8_lossy(&output.stdout)
         .lines()
         .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-        .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == binary)
-        .find_map(|m| m["executable"].as_str().map(PathBuf::from))
-        .with_context(|| format!("cargo built no executable named {binary}"))?;
-    built.insert(binary.to_owned(), path.clone());
+        .filter(|m| m["reason"] == "compiler-artifact")
+        .find_map(|m| artifact.find_in(&m))
+        .with_context(|| format!("cargo built no file named {name}"))?;
+    built.insert(name.to_owned(), path.clone());
     Ok(path)
 }
 

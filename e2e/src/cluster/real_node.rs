@@ -11,7 +11,7 @@
 
 use crate::cluster::Cluster;
 use crate::tools::repo_root;
-use crate::workspace_binary::workspace_binary;
+use crate::workspace_binary::{workspace_binary, workspace_library};
 use anyhow::{Context, Result, bail};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
@@ -130,9 +130,7 @@ impl Cluster {
         self.spawn("resource-layer", &layer, &layer_args(name, &gpu, PROFILE))?;
         wait_for_socket(&layer_socket)?;
         let runtime_config = dir.join("lj-runtime.json");
-        // The isolation library is built beside the probe of its package.
-        let probe = workspace_binary("runtimekit-isolation", "runtimekit-cuda-probe")?;
-        let library = probe.with_file_name("libruntimekit_isolation.so");
+        let library = workspace_library("runtimekit-isolation", "libruntimekit_isolation.so")?;
         std::fs::write(
             &runtime_config,
             serde_json::json!({
