@@ -19,7 +19,6 @@ pub mod limits;
 mod real;
 #[cfg(not(test))]
 mod shared;
-pub mod shares;
 #[cfg(not(test))]
 mod state;
 pub mod throttle;

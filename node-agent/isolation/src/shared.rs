@@ -40,7 +40,7 @@ impl Ledger {
     /// `None` or its file cannot be mapped.
     pub fn open(dir: Option<&Path>) -> Ledger {
         if let Some(dir) = dir {
-            match map(&dir.join("ledger")) {
+            match map(&dir.join(runtimekit_isolation_files::LEDGER)) {
                 Ok((table, fd)) if table.adopt() => {
                     return Ledger {
                         table,

@@ -105,7 +105,7 @@ fn enforcement(
         ));
     }
     let folder = state_folder(runc, config)?;
-    let ledger = folder.join("ledger");
+    let ledger = folder.join(runtimekit_isolation_files::FOLDER);
     std::fs::create_dir_all(&ledger)
         // The container's processes may run as any user: all of them share the ledger.
         .and_then(|()| std::fs::set_permissions(&ledger, std::fs::Permissions::from_mode(0o777)))
