@@ -10,6 +10,7 @@
 //! - [`client::connect`] and friends connect to a socket.
 //! - [`reason::Reason`] is the stable reason an error carries on the wire; callers parse it
 //!   from [`reason_of`] and ask [`Reason::is_permanent`].
+//! - [`meter`] measures isolated containers' shares of SM time for their launch gates.
 //! - [`probe::report`] is the read-only report the `probe` command prints.
 
 pub mod backend;
@@ -20,6 +21,7 @@ pub mod facts;
 pub mod faults;
 pub mod health;
 pub mod instances;
+pub mod meter;
 pub mod nvml;
 pub mod probe;
 pub mod reason;

@@ -2,6 +2,7 @@
 //! read-only probe of the cards.
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use runtimekit_resource_layer::meter::MeterOptions;
 use runtimekit_resource_layer::{
     Backend, NvmlBackend, NvmlOptions, ServeOptions, SimOptions, SimulatedBackend, probe, serve,
     sim::shipped_names,
@@ -34,6 +35,8 @@ enum Command {
         /// The longest a call may run when the caller sets no deadline, in milliseconds.
         #[arg(long, default_value_t = 30_000)]
         call_timeout_ms: u64,
+        #[command(flatten)]
+        meter: MeterArgs,
     },
     /// Print what the backend sees (cards, topology, MIG mode and instances, metrics, health)
     /// and exit. Read-only: changes no MIG mode and no instance.
@@ -67,6 +70,25 @@ enum Command {
     },
     /// List the hardware profiles shipped with the simulated backend.
     Profiles,
+}
+
+/// The compute meter, which feeds isolated containers' launch gates their measured shares.
+#[derive(Args, Debug)]
+struct MeterArgs {
+    /// lj-runtime's `isolationStateDir` (one folder per time-division container), where the
+    /// measured shares of SM time are written; the meter reads nothing while it is empty.
+    #[arg(long, default_value = "/run/runtimekit/isolation")]
+    isolation_state_dir: PathBuf,
+    /// How often the shares are measured, in milliseconds.
+    #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(100..=60_000))]
+    meter_interval_ms: u64,
+    /// Where processes' maps are read, to tell each card process's container (the host's
+    /// `/proc`: the resource layer runs in the host PID namespace).
+    #[arg(long, default_value = "/proc")]
+    proc_root: PathBuf,
+    /// Do not run the compute meter (time-division compute caps then go unenforced).
+    #[arg(long)]
+    no_compute_meter: bool,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -211,8 +233,22 @@ async fn run(cli: Cli) -> Result<(), String> {
             backend,
             socket,
             call_timeout_ms,
+            meter,
         } => {
             let backend = backend.open().map_err(|e| e.to_string())?;
+            let _meter = if meter.no_compute_meter {
+                None
+            } else {
+                let options = MeterOptions {
+                    state_dir: meter.isolation_state_dir,
+                    proc_root: meter.proc_root,
+                    interval: Duration::from_millis(meter.meter_interval_ms),
+                };
+                Some(
+                    runtimekit_resource_layer::meter::spawn(backend.clone(), options)
+                        .map_err(|e| format!("cannot start the compute meter: {e}"))?,
+                )
+            };
             let handle = serve(
                 backend,
                 &socket,
