@@ -96,7 +96,7 @@ gpu-check-build:
 gpu-check *args:
     e2e/gpu-check.sh {{args}}
 
-# Check the isolation library against the real driver on card 0 (memory cap, queries, fault containment, launch overhead), from target/gpu-check (builds nothing).
+# Check the isolation library against the real driver on card 0 (memory cap, queries, fault containment, launch overhead, the 30 % / 70 % compute cap with the resource layer's meter), from target/gpu-check (builds nothing).
 gpu-check-isolation *args:
     e2e/gpu-check-isolation.sh {{args}}
 

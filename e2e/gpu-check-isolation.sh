@@ -2,7 +2,8 @@
 # The isolation library on a machine with an NVIDIA card: the memory cap against the real driver.
 #
 # Runs prebuilt files only (never builds or downloads: the machine may have nothing but the
-# driver): `runtimekit-cuda-probe` and `libruntimekit_isolation.so`, built elsewhere with
+# driver): `runtimekit-cuda-probe`, `libruntimekit_isolation.so` and `runtimekit-resource-layer`,
+# built elsewhere with
 # `./just gpu-check-build` and carried over. On card 0, with the library preloaded and the
 # environment lj-runtime sets for a slice of 4 GiB:
 #   - without the library a 5 GiB allocation succeeds (so every refusal below is the library's);
@@ -20,8 +21,10 @@
 #   - fault containment: a process of one capped container stores to an illegal address while a
 #     neighbour container's process runs kernels; the neighbour must finish without an error;
 #   - time-slicing without a compute cap: each of two processes running kernels side by side
-#     gets about half of what it gets alone (the compute cap is not built yet: the 30 % / 70 %
-#     check comes with it).
+#     gets about half of what it gets alone;
+#   - the compute cap: with the resource layer's compute meter feeding the launch gates NVML's
+#     per-process readings, two processes capped at 30 % and 70 % get SM time within 10 % of
+#     3:7 (and what metering costs the resource layer).
 # It changes no MIG or compute mode. Exits non-zero when there is no GPU or any check fails.
 #
 # Usage: e2e/gpu-check-isolation.sh [BIN_DIR]     (default: target/gpu-check)
@@ -46,9 +49,12 @@ fi
 uuid="$(bounded nvidia-smi --query-gpu=uuid --format=csv,noheader -i 0)"
 ledger="$(mktemp -d)"
 holder_pid=""
+layer_pid=""
+meter_state=""
 cleanup() {
   [[ -n "$holder_pid" ]] && kill -9 "$holder_pid" 2>/dev/null
-  rm -rf "$ledger"
+  [[ -n "$layer_pid" ]] && kill "$layer_pid" 2>/dev/null
+  rm -rf "$ledger" ${meter_state:+"$meter_state"}
 }
 trap cleanup EXIT
 say "card 0: $uuid, capped at 4096 MiB"
@@ -148,6 +154,69 @@ second="$(number kernels_per_s "$(bounded "$probe" spin --seconds 5 2>&1)")"
 wait "$first"
 first="$(number kernels_per_s "$(cat "$ledger/a.out")")"
 say "time-slicing, no compute cap: alone ${alone} kernels/s; side by side ${first} and ${second} ($(awk -v a="$alone" -v x="$first" -v y="$second" 'BEGIN {if (a > 0) printf "%.0f %% and %.0f %% of alone", 100 * x / a, 100 * y / a}'))"
+
+# The compute cap: the resource layer (NVML backend) serves with its compute meter, which
+# writes each container folder's measured shares; two containers' processes capped at 30 % and
+# 70 % run the same kernels side by side. Their SM time is the kernels each completes (every
+# kernel fills the card), counted after a warm-up while the gates settle, and NVML's own
+# per-process reading, as the meter wrote it, averaged over the same window.
+layer="$bin_dir/runtimekit-resource-layer"
+# On tmpfs, as /run is on a node: the meter matches a process's mapped ledger by device and
+# inode, which overlayfs (where a temporary folder may be) reports differently from stat.
+meter_state="$(mktemp -d /dev/shm/runtimekit-meter.XXXXXX)"
+mkdir -p "$meter_state/thirty/ledger" "$meter_state/seventy/ledger"
+"$layer" serve --backend nvml --socket "$ledger/layer.sock" --isolation-state-dir "$meter_state" \
+  >"$ledger/layer.log" 2>&1 &
+layer_pid=$!
+for _ in $(seq 1 150); do
+  [[ -S "$ledger/layer.sock" ]] && break
+  kill -0 "$layer_pid" 2>/dev/null || break
+  sleep 0.2
+done
+warmup=12
+measured=15
+# core_spin NAME PERCENT: a spinner of container NAME capped at PERCENT.
+core_spin() {
+  env LD_PRELOAD="$library" RUNTIMEKIT_VISIBLE_DEVICES="$uuid" RUNTIMEKIT_GPU_MEMORY_LIMIT_MIB=4096 \
+    RUNTIMEKIT_GPU_CORE_LIMIT="$2" RUNTIMEKIT_ISOLATION_DIR="$meter_state/$1/ledger" \
+    timeout --kill-after=5 90 "$probe" spin --warmup "$warmup" --seconds "$measured" >"$ledger/$1.out" 2>&1
+}
+if [[ -S "$ledger/layer.sock" ]]; then
+  cpu_ns() { cat "/proc/$layer_pid/task/"*/schedstat | awk '{sum += $1} END {printf "%d", sum}'; }
+  core_spin thirty 30 &
+  thirty_pid=$!
+  core_spin seventy 70 &
+  seventy_pid=$!
+  sleep "$warmup"
+  ns_before="$(cpu_ns)"
+  : >"$ledger/nvml-shares"
+  for _ in $(seq 1 "$measured"); do
+    sleep 1
+    for name in thirty seventy; do
+      awk -v n="$name" -v u="$uuid" '$1 == u {print n, $2}' "$meter_state/$name/ledger/shares" 2>/dev/null >>"$ledger/nvml-shares"
+    done
+  done
+  ns_after="$(cpu_ns)"
+  wait "$thirty_pid" "$seventy_pid"
+  t="$(number kernels_per_s "$(cat "$ledger/thirty.out")")"
+  s="$(number kernels_per_s "$(cat "$ledger/seventy.out")")"
+  say "compute cap 30 % / 70 %: ${t} and ${s} kernels/s ($(cat "$ledger/thirty.out" | tr '\n' ' ')/ $(cat "$ledger/seventy.out" | tr '\n' ' '))"
+  share="$(awk -v x="$t" -v y="$s" 'BEGIN {if (x + y > 0) printf "%.3f", x / (x + y)}')"
+  nvml="$(awk '{sum[$1] += $2; n[$1]++} END {if (n["thirty"] && n["seventy"]) printf "%.3f %.3f", sum["thirty"] / n["thirty"], sum["seventy"] / n["seventy"]}' "$ledger/nvml-shares")"
+  say "compute cap: NVML's per-process SM time as metered (shares of the card, averaged): ${nvml:-none}; by kernels completed, the 30 % container has ${share:-none} of the pair's (3:7 is 0.300)"
+  say "compute meter: the resource layer used $(awk -v a="$ns_before" -v b="$ns_after" -v s="$measured" 'BEGIN {printf "%.2f", (b - a) / 1e7 / s}') % of one core while metering"
+  # SM time is what the driver reports per process (nvidia-smi pmon's and DCGM's "sm"): the
+  # two within 10 % of 3:7. The kernels completed are reported beside it: time-slicing costs
+  # the sparser process more of its kernels' throughput than of its SM time.
+  read -r nt ns <<<"$nvml"
+  awk -v x="${nt:-0}" -v y="${ns:-0}" 'BEGIN {r = (y > 0) ? x / y : 0; exit !(r >= 0.9 * 3 / 7 && r <= 1.1 * 3 / 7)}' ||
+    fail "compute cap: SM time ${nvml:-none} is not within 10 % of 3:7"
+else
+  fail "the resource layer did not serve: $(tail -5 "$ledger/layer.log")"
+fi
+kill "$layer_pid" 2>/dev/null
+wait "$layer_pid" 2>/dev/null
+layer_pid=""
 
 echo
 if [[ $failures -eq 0 ]]; then

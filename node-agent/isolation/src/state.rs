@@ -6,9 +6,9 @@ use crate::ledger::{CARDS, Process};
 use crate::limits::Limits;
 use crate::real::function;
 use crate::shared::{self, Ledger};
-use crate::shares;
 use crate::throttle::Throttle;
 use runtimekit_cuda_abi::{self as abi, CuDevice, CuResult, CuUuid};
+use runtimekit_isolation_files as files;
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
@@ -65,7 +65,7 @@ fn watch_shares() {
         .as_ref()
         .ok()
         .and_then(|l| l.ledger_dir.as_ref())
-        .map(|d| d.join(shares::FILE))
+        .map(|d| d.join(files::SHARES))
     else {
         return;
     };
@@ -213,7 +213,7 @@ impl Isolation {
             return;
         };
         let mut gates = self.gates.lock().unwrap_or_else(|e| e.into_inner());
-        for share in shares::parse(text) {
+        for share in files::parse(text) {
             let Some(card) = limits.card(&share.uuid) else {
                 continue;
             };
@@ -221,7 +221,7 @@ impl Isolation {
                 continue;
             }
             if let Some(gate) = gates.get_mut(&card) {
-                gate.observe(share.mine, share.others);
+                gate.observe(share.mine, share.others, seconds());
             }
         }
     }

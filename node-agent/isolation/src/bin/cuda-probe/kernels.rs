@@ -159,12 +159,14 @@ impl Kernels {
         Ok(elapsed / count.max(1))
     }
 
-    /// Runs `spin` kernels of `iterations` on every multiprocessor for `seconds`, synchronising
-    /// after each; how many completed, or the error that stopped them.
-    pub fn spin(&self, iterations: u32, seconds: f64) -> (u64, CuResult) {
+    /// Runs `spin` kernels of `iterations` on every multiprocessor for `warmup` and then
+    /// `seconds`, synchronising after each; how many completed after the warm-up, or the error
+    /// that stopped them.
+    pub fn spin(&self, iterations: u32, warmup: f64, seconds: f64) -> (u64, CuResult) {
         let mut out = self.out;
         let mut iterations = iterations;
-        let deadline = Instant::now() + Duration::from_secs_f64(seconds);
+        let start = Instant::now() + Duration::from_secs_f64(warmup);
+        let deadline = start + Duration::from_secs_f64(seconds);
         let mut done = 0;
         while Instant::now() < deadline {
             let mut params: [*mut c_void; 2] =
@@ -178,7 +180,9 @@ impl Kernels {
             if result != 0 {
                 return (done, result);
             }
-            done += 1;
+            if Instant::now() > start {
+                done += 1;
+            }
         }
         (done, 0)
     }

@@ -81,9 +81,12 @@ enum Command {
         /// Loop iterations of each thread.
         #[arg(long, default_value_t = 200_000)]
         iterations: u32,
-        /// How long.
+        /// How long, after the warm-up.
         #[arg(long, default_value_t = 10.0)]
         seconds: f64,
+        /// Seconds of kernels run first and not counted (while a compute cap settles).
+        #[arg(long, default_value_t = 0.0)]
+        warmup: f64,
     },
     /// Launches a kernel that stores to an illegal address: prints the error the card reports.
     Poison,
@@ -529,9 +532,10 @@ fn run(cli: &Cli) -> Result<(), String> {
         Command::Spin {
             iterations,
             seconds,
+            warmup,
         } => {
             let kernels = kernels::Kernels::load(&driver, cli.device)?;
-            let (done, result) = kernels.spin(iterations, seconds);
+            let (done, result) = kernels.spin(iterations, warmup, seconds);
             println!("kernels_per_s {:.2} result {result}", done as f64 / seconds);
         }
         Command::Poison => {
