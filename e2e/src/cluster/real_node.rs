@@ -24,6 +24,8 @@ use std::time::{Duration, Instant};
 pub const ENABLE_LABEL: &str = "lj_runtimekit_enable";
 /// Where the node's files live, under the cluster's folder.
 const NODE_DIR: &str = "node";
+/// lj-runtime's `isolationStateDir` under the node's folder.
+const ISOLATION_DIR: &str = "isolation";
 /// The taint a kubelet with an external cloud provider registers with.
 const UNINITIALIZED: &str = "node.cloudprovider.kubernetes.io/uninitialized";
 /// The kubelet's device-plugin folder: fixed in the kubelet, so one real node per machine.
@@ -127,7 +129,7 @@ impl Cluster {
         let layer_socket = gpu.join("resource-layer.sock");
         let layer = workspace_binary("runtimekit-resource-layer", "runtimekit-resource-layer")?;
         std::fs::create_dir_all(gpu.join(PROFILE))?;
-        self.spawn("resource-layer", &layer, &layer_args(name, &gpu, PROFILE))?;
+        self.spawn("resource-layer", &layer, &layer_args(name, &dir, PROFILE))?;
         wait_for_socket(&layer_socket)?;
         let runtime_config = dir.join("lj-runtime.json");
         let library = workspace_library("runtimekit-isolation", "libruntimekit_isolation.so")?;
@@ -139,7 +141,7 @@ impl Cluster {
                 "resourceLayerSocket": layer_socket,
                 "instanceWaitSeconds": 60,
                 "isolationLibrary": library,
-                "isolationStateDir": dir.join("isolation"),
+                "isolationStateDir": dir.join(ISOLATION_DIR),
             })
             .to_string(),
         )?;
@@ -238,7 +240,7 @@ impl Cluster {
         std::fs::create_dir_all(gpu.join(profile))?;
         let mut agent = self.stop_component("node-agent")?;
         let mut layer = self.stop_component("resource-layer")?;
-        layer.args = layer_args(&node.name, &gpu, profile);
+        layer.args = layer_args(&node.name, &node.dir, profile);
         agent.args = agent_args(&node.name, &node.dir, profile);
         self.start_again(layer)?;
         wait_for_socket(&node.layer_socket)?;
@@ -246,9 +248,10 @@ impl Cluster {
     }
 }
 
-/// The simulated resource layer's arguments for `profile`, on the node's socket, with the
-/// profile's own stand-in devices and instance state.
-fn layer_args(node: &str, gpu: &Path, profile: &str) -> Vec<String> {
+/// The simulated resource layer's arguments for `profile`, on the socket of the node whose
+/// folder is `dir`, with the profile's own stand-in devices and instance state.
+fn layer_args(node: &str, dir: &Path, profile: &str) -> Vec<String> {
+    let gpu = dir.join("gpu");
     let own = gpu.join(profile);
     vec![
         "serve".into(),
@@ -258,6 +261,11 @@ fn layer_args(node: &str, gpu: &Path, profile: &str) -> Vec<String> {
         format!("--socket={}", gpu.join("resource-layer.sock").display()),
         format!("--state-file={}", own.join("instances.json").display()),
         format!("--device-dir={}", own.join("devices").display()),
+        // lj-runtime's isolationStateDir, where the compute meter writes.
+        format!(
+            "--isolation-state-dir={}",
+            dir.join(ISOLATION_DIR).display()
+        ),
     ]
 }
 

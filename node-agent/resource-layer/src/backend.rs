@@ -104,6 +104,8 @@ pub trait FaultInjector: Send + Sync {
     ) -> Result<u32, LayerError>;
     /// The injected faults in force.
     fn list(&self) -> Vec<pb::DeviceFault>;
+    /// Lists process `pid` on card `device` with `sm_percent` of its SM time (0 removes it).
+    fn set_process_load(&self, device: u32, pid: u32, sm_percent: u32) -> Result<(), LayerError>;
 }
 
 /// Checks that card `index` is one of `count` and, when the caller names the UUID it expects,

@@ -377,6 +377,28 @@ impl FaultInjection for FaultService {
         .await
         .map(|faults| Response::new(pb::ListFaultsResponse { faults }))
     }
+
+    async fn set_process_load(
+        &self,
+        request: Request<pb::SetProcessLoadRequest>,
+    ) -> Result<Response<pb::SetProcessLoadResponse>, Status> {
+        let req = *request.get_ref();
+        run(
+            &self.backend,
+            request.metadata(),
+            self.options.call_timeout,
+            "SetProcessLoad",
+            move |b| {
+                b.faults().ok_or_else(no_injection)?.set_process_load(
+                    req.device_index,
+                    req.pid,
+                    req.sm_util_percent,
+                )
+            },
+        )
+        .await
+        .map(|()| Response::new(pb::SetProcessLoadResponse {}))
+    }
 }
 
 /// A server running in the background; dropping it stops the server.

@@ -730,3 +730,41 @@ fn instance_metrics_respect_caps_and_report_mig_memory() {
         .instances;
     assert_eq!(only.len(), 1);
 }
+
+// --- process loads ---------------------------------------------------------------------------
+
+#[test]
+fn a_process_load_is_listed_on_its_card_until_set_to_zero() {
+    let b = backend("h800-8");
+    b.set_process_load(2, 4321, 85).expect("set");
+    let read = |card: u32| {
+        b.device_metrics(&[card], true)
+            .expect("metrics")
+            .devices
+            .remove(0)
+    };
+    let card = read(2);
+    let load = card
+        .processes
+        .iter()
+        .find(|p| p.pid == 4321)
+        .expect("listed");
+    assert_eq!((load.sm_util_percent, load.alive), (Some(85), Some(true)));
+    assert!(
+        card.gpu_util_percent >= Some(85),
+        "{:?}",
+        card.gpu_util_percent
+    );
+    assert!(
+        read(3).processes.iter().all(|p| p.pid != 4321),
+        "only on its card"
+    );
+    b.set_process_load(2, 4321, 0).expect("remove");
+    assert!(read(2).processes.iter().all(|p| p.pid != 4321));
+    for (device, pid, percent) in [(2, 0, 50), (2, 4321, 101), (8, 4321, 50)] {
+        assert!(
+            b.set_process_load(device, pid, percent).is_err(),
+            "card {device}, PID {pid}, {percent} %"
+        );
+    }
+}

@@ -145,6 +145,23 @@ impl FaultInjector for SimulatedBackend {
         Ok(cleared)
     }
 
+    fn set_process_load(&self, device: u32, pid: u32, sm_percent: u32) -> Result<(), LayerError> {
+        self.check_device(device, None)?;
+        if pid == 0 || sm_percent > 100 {
+            return Err(LayerError::InvalidArgument(format!(
+                "a process load needs a PID and a percent from 0 to 100 (got PID {pid}, {sm_percent} %)"
+            )));
+        }
+        let mut state = lock(&self.state);
+        let loads = &mut state.cards[device as usize].loads;
+        if sm_percent == 0 {
+            loads.remove(&pid);
+        } else {
+            loads.insert(pid, sm_percent);
+        }
+        Ok(())
+    }
+
     fn list(&self) -> Vec<pb::DeviceFault> {
         let state = lock(&self.state);
         let now = self.options.clock.now_ms();

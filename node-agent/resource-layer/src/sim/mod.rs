@@ -37,7 +37,7 @@ use crate::watch::CallWatch;
 use metrics::Counters;
 use profile::CardSpec;
 use runtimekit_proto::resource::v1alpha1 as pb;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
@@ -110,6 +110,8 @@ struct CardState {
     hang: bool,
     /// Processes gone while holding memory: (PID, MiB).
     dead: Vec<(u32, u64)>,
+    /// Processes set to keep the card busy: PID -> percent of SM time.
+    loads: BTreeMap<u32, u32>,
     counters: Counters,
 }
 
@@ -155,6 +157,7 @@ impl SimulatedBackend {
                 lost: false,
                 hang: false,
                 dead: Vec::new(),
+                loads: BTreeMap::new(),
                 counters: Counters::at(now),
             })
             .collect();

@@ -111,7 +111,8 @@ impl SimulatedBackend {
         let seed = self.card_seed(index);
         let workloads = self.workloads(state, index);
         let cs = &state.cards[index as usize];
-        let util = card_util(seed, &workloads, now);
+        let loaded: u32 = cs.loads.values().sum();
+        let util = card_util(seed, &workloads, now).max(f64::from(loaded.min(100)));
         let n = |salt: u64| noise(seed ^ salt, now);
         let nvidia = model.vendor == VendorName::Nvidia;
         let dead_mib: u64 = cs.dead.iter().map(|(_, mib)| mib).sum();
@@ -136,6 +137,13 @@ impl SimulatedBackend {
         let mut processes = Vec::new();
         if include_processes {
             processes.extend(workloads.iter().map(|w| Self::process(w, now)));
+            processes.extend(cs.loads.iter().map(|(&pid, &percent)| pb::ProcessMetrics {
+                pid,
+                name: "load".into(),
+                sm_util_percent: Some(percent),
+                alive: Some(true),
+                ..Default::default()
+            }));
             processes.extend(cs.dead.iter().map(|&(pid, mib)| pb::ProcessMetrics {
                 pid,
                 used_memory_mib: Some(mib),
