@@ -13,6 +13,7 @@ mod node_agent;
 mod nvml_node;
 mod operator;
 mod real_node;
+mod real_node_isolation;
 mod trust;
 
 use libtest_mimic::Arguments;
@@ -34,6 +35,7 @@ fn tests() -> Vec<Test> {
         nvml_node::TESTS,
         exporter::TESTS,
         // Last: the real node stays once started, and no other test should see its cards.
+        real_node_isolation::TESTS,
         real_node::TESTS,
     ]
     .concat()
