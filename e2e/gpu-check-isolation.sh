@@ -164,7 +164,7 @@ layer="$bin_dir/runtimekit-resource-layer"
 # On tmpfs, as /run is on a node: the meter matches a process's mapped ledger by device and
 # inode, which overlayfs (where a temporary folder may be) reports differently from stat.
 meter_state="$(mktemp -d /dev/shm/runtimekit-meter.XXXXXX)"
-mkdir -p "$meter_state/thirty/ledger" "$meter_state/seventy/ledger"
+mkdir -p "$meter_state"/{thirty,seventy}/{ledger,measured}
 "$layer" serve --backend nvml --socket "$ledger/layer.sock" --isolation-state-dir "$meter_state" \
   >"$ledger/layer.log" 2>&1 &
 layer_pid=$!
@@ -179,6 +179,7 @@ measured=15
 core_spin() {
   env LD_PRELOAD="$library" RUNTIMEKIT_VISIBLE_DEVICES="$uuid" RUNTIMEKIT_GPU_MEMORY_LIMIT_MIB=4096 \
     RUNTIMEKIT_GPU_CORE_LIMIT="$2" RUNTIMEKIT_ISOLATION_DIR="$meter_state/$1/ledger" \
+    RUNTIMEKIT_MEASURED_DIR="$meter_state/$1/measured" \
     timeout --kill-after=5 90 "$probe" spin --warmup "$warmup" --seconds "$measured" >"$ledger/$1.out" 2>&1
 }
 if [[ -S "$ledger/layer.sock" ]]; then
@@ -193,7 +194,7 @@ if [[ -S "$ledger/layer.sock" ]]; then
   for _ in $(seq 1 "$measured"); do
     sleep 1
     for name in thirty seventy; do
-      awk -v n="$name" -v u="$uuid" '$1 == u {print n, $2}' "$meter_state/$name/ledger/shares" 2>/dev/null >>"$ledger/nvml-shares"
+      awk -v n="$name" -v u="$uuid" '$1 == u {print n, $2}' "$meter_state/$name/measured/shares" 2>/dev/null >>"$ledger/nvml-shares"
     done
   done
   ns_after="$(cpu_ns)"

@@ -1,18 +1,25 @@
-//! The files of a time-division container's isolation folder, which three programs share:
-//! `lj-runtime` makes the folder (`<isolationStateDir>/<container ID>/ledger` on the host,
-//! bound into the container as `RUNTIMEKIT_ISOLATION_DIR`); the isolation library maps the
-//! container's memory ledger in it and reads the measured shares of SM time from it; the
-//! resource layer's compute meter, which sees host PIDs, writes those shares.
+//! The files of a time-division container's isolation folders, which three programs share.
+//! `lj-runtime` makes two folders under `<isolationStateDir>/<container ID>` on the host:
+//!
+//! - `ledger`, bound read-write (`RUNTIMEKIT_ISOLATION_DIR` in the container): the memory
+//!   ledger every process of the container maps;
+//! - `measured`, bound read-only (`RUNTIMEKIT_MEASURED_DIR`): the measured shares of SM time,
+//!   written by the resource layer's compute meter, which sees host PIDs. Read-only because the
+//!   container must not be able to write its own measurement, and because the meter, running
+//!   as root on the host, must never write into a folder the container controls (a symlink
+//!   planted there would aim its write at any host file).
 //!
 //! The shares file is replaced whole on each measurement, one line per card:
 //! `<card UUID> <the container's share> <everyone else's share> <measurement number>`, shares
 //! in 0..=1; a card's line counts once per measurement number.
 
-/// The folder's name under the container's own folder on the host.
-pub const FOLDER: &str = "ledger";
-/// The memory ledger's file in the folder (mapped by every process of the container).
+/// The ledger folder's name under the container's own folder on the host.
+pub const LEDGER_FOLDER: &str = "ledger";
+/// The memory ledger's file in the ledger folder (mapped by every process of the container).
 pub const LEDGER: &str = "ledger";
-/// The measured shares' file in the folder.
+/// The measurements folder's name under the container's own folder on the host.
+pub const MEASURED_FOLDER: &str = "measured";
+/// The measured shares' file in the measurements folder.
 pub const SHARES: &str = "shares";
 
 /// One card's measurement.

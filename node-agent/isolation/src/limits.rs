@@ -23,6 +23,8 @@ pub struct Limits {
     /// The folder of the ledger the container's processes share; `None`: this process keeps
     /// its own.
     pub ledger_dir: Option<PathBuf>,
+    /// The read-only folder of the container's measured shares; `None`: no measurements.
+    pub measured_dir: Option<PathBuf>,
     /// What a container alone on its card may use of it.
     pub policy: Policy,
 }
@@ -37,6 +39,8 @@ pub const CORE: &str = "RUNTIMEKIT_GPU_CORE_LIMIT";
 pub const POLICY: &str = "RUNTIMEKIT_GPU_CORE_POLICY";
 /// The ledger's folder.
 pub const LEDGER_DIR: &str = "RUNTIMEKIT_ISOLATION_DIR";
+/// The measured shares' folder.
+pub const MEASURED_DIR: &str = "RUNTIMEKIT_MEASURED_DIR";
 
 impl Limits {
     /// Reads the limits through `var`. No visible cards means nothing to enforce; a list that
@@ -101,6 +105,9 @@ impl Limits {
         Ok(Limits {
             cards,
             ledger_dir: var(LEDGER_DIR).filter(|d| !d.is_empty()).map(PathBuf::from),
+            measured_dir: var(MEASURED_DIR)
+                .filter(|d| !d.is_empty())
+                .map(PathBuf::from),
             policy,
         })
     }

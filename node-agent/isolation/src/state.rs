@@ -57,14 +57,14 @@ fn seconds() -> f64 {
         .as_secs_f64()
 }
 
-/// The watcher thread: reads the shares file in the ledger folder whenever it changes.
+/// The watcher thread: reads the shares file in the measurements folder whenever it changes.
 fn watch_shares() {
     let state = isolation();
     let Some(file) = state
         .limits
         .as_ref()
         .ok()
-        .and_then(|l| l.ledger_dir.as_ref())
+        .and_then(|l| l.measured_dir.as_ref())
         .map(|d| d.join(files::SHARES))
     else {
         return;

@@ -52,6 +52,7 @@ impl Node {
             NEXT.fetch_add(1, Ordering::SeqCst)
         ));
         std::fs::create_dir_all(dir.join("ledger")).expect("folder");
+        std::fs::create_dir_all(dir.join("measured")).expect("folder");
         std::os::unix::fs::symlink(
             built("libruntimekit_fake_cuda.so"),
             dir.join("libcuda.so.1"),
@@ -81,7 +82,8 @@ impl Node {
                 .env("LD_PRELOAD", built("libruntimekit_isolation.so"))
                 .env("RUNTIMEKIT_VISIBLE_DEVICES", UUID)
                 .env("RUNTIMEKIT_GPU_MEMORY_LIMIT_MIB", mib)
-                .env("RUNTIMEKIT_ISOLATION_DIR", self.dir.join("ledger"));
+                .env("RUNTIMEKIT_ISOLATION_DIR", self.dir.join("ledger"))
+                .env("RUNTIMEKIT_MEASURED_DIR", self.dir.join("measured"));
         }
         command
     }
@@ -299,7 +301,7 @@ fn the_probe_needs_the_driver_and_says_so() {
 }
 
 /// Launches in the last second of a probe with compute cap `core` launching for `seconds`,
-/// while `shares` (when given) is written into the ledger folder anew every 60 ms with the next
+/// while `shares` (when given) is written into the measurements folder anew every 60 ms with the next
 /// measurement number.
 fn launch_rate(node: &Node, core: &str, shares: Option<&str>, seconds: f64) -> f64 {
     let probe = Path::new(env!("CARGO_BIN_EXE_runtimekit-cuda-probe"));
@@ -311,12 +313,12 @@ fn launch_rate(node: &Node, core: &str, shares: Option<&str>, seconds: f64) -> f
         .spawn()
         .expect("probe");
     if let Some(line) = shares {
-        let file = node.dir.join("ledger/shares");
+        let file = node.dir.join("measured/shares");
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs_f64(seconds);
         let mut sequence = 0;
         while std::time::Instant::now() < deadline {
             sequence += 1;
-            let temp = node.dir.join("ledger/shares.new");
+            let temp = node.dir.join("measured/shares.new");
             std::fs::write(&temp, format!("{UUID} {line} {sequence}\n")).expect("write");
             std::fs::rename(&temp, &file).expect("rename");
             std::thread::sleep(std::time::Duration::from_millis(60));

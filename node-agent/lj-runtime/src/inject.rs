@@ -17,6 +17,7 @@
 //! | `RUNTIMEKIT_GPU_MEMORY_LIMIT_MIB` | memory cap in MiB per card; `0` means no cap |
 //! | `RUNTIMEKIT_RDMA_DEVICES` | the RDMA NICs' names |
 //! | `RUNTIMEKIT_ISOLATION_DIR` | the container's ledger folder, when it holds a TDM share |
+//! | `RUNTIMEKIT_MEASURED_DIR` | its read-only folder of measured shares, when it holds a TDM share |
 //! | `RUNTIMEKIT_GPU_CORE_POLICY` | `enforce` or `yield-idle`, the node's setting (lj-runtime's `corePolicy`) |
 
 use crate::config::RuntimeConfig;
@@ -35,8 +36,9 @@ const POD_NAMESPACE: &str = "io.kubernetes.cri.sandbox-namespace";
 const POD_NAME: &str = "io.kubernetes.cri.sandbox-name";
 
 /// Every variable this sets, removed from the spec first.
-const VARIABLES: [&str; 8] = [
+const VARIABLES: [&str; 9] = [
     "RUNTIMEKIT_ISOLATION_DIR",
+    "RUNTIMEKIT_MEASURED_DIR",
     "RUNTIMEKIT_GPU_CORE_POLICY",
     "NVIDIA_VISIBLE_DEVICES",
     "RUNTIMEKIT_VISIBLE_DEVICES",
@@ -349,6 +351,10 @@ pub fn apply(spec: &mut Value, given: &Given, stat: Stat<'_>) -> Result<(), Inje
             isolation::LEDGER
         )));
         env.push(json!(format!(
+            "RUNTIMEKIT_MEASURED_DIR={}",
+            isolation::MEASURED
+        )));
+        env.push(json!(format!(
             "RUNTIMEKIT_GPU_CORE_POLICY={}",
             enforcement.core_policy
         )));
@@ -538,7 +544,11 @@ mod tests {
             {"destination": "/etc/ld.so.preload", "type": "bind", "source": "/tmp/theirs"},
         ]);
         // A pod cannot choose its own policy: the node's replaces it.
-        spec["process"]["env"] = json!(["PATH=/bin", "RUNTIMEKIT_GPU_CORE_POLICY=yield-idle"]);
+        spec["process"]["env"] = json!([
+            "PATH=/bin",
+            "RUNTIMEKIT_GPU_CORE_POLICY=yield-idle",
+            "RUNTIMEKIT_MEASURED_DIR=/tmp/mine"
+        ]);
         let plan = plan(&spec, &config()).expect("plan");
         let Plan::Give { part, .. } = &plan else {
             panic!("a TDM container gets its part");
@@ -549,6 +559,7 @@ mod tests {
             library: "/opt/lib.so".into(),
             preload: "/run/iso/c1/ld.so.preload".into(),
             ledger: "/run/iso/c1/ledger".into(),
+            measured: "/run/iso/c1/measured".into(),
             core_policy: "enforce",
         });
         apply(&mut spec, &given, &stat).expect("apply");
@@ -565,6 +576,7 @@ mod tests {
                 (isolation::LIBRARY, "/opt/lib.so"),
                 ("/etc/ld.so.preload", "/run/iso/c1/ld.so.preload"),
                 (isolation::LEDGER, "/run/iso/c1/ledger"),
+                (isolation::MEASURED, "/run/iso/c1/measured"),
             ],
             "the pod's own preload mount gives way"
         );
@@ -572,6 +584,22 @@ mod tests {
         assert!(env.contains(&json!("RUNTIMEKIT_ISOLATION_DIR=/run/runtimekit/isolation")));
         assert!(env.contains(&json!("RUNTIMEKIT_GPU_CORE_POLICY=enforce")));
         assert!(!env.contains(&json!("RUNTIMEKIT_GPU_CORE_POLICY=yield-idle")));
+        // Nor point the library at measurements it writes itself.
+        assert!(env.contains(&json!("RUNTIMEKIT_MEASURED_DIR=/run/runtimekit/measured")));
+        assert!(!env.contains(&json!("RUNTIMEKIT_MEASURED_DIR=/tmp/mine")));
+        let measured = spec["mounts"]
+            .as_array()
+            .expect("mounts")
+            .iter()
+            .find(|m| m["destination"] == isolation::MEASURED)
+            .expect("the measurements folder");
+        assert!(
+            measured["options"]
+                .as_array()
+                .expect("options")
+                .contains(&json!("ro")),
+            "{measured}"
+        );
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! What a container holding a time-division card is given so the isolation library
 //! (`node-agent/isolation`) holds it to its caps: the library, listed in the container's
 //! `/etc/ld.so.preload` (which the dynamic linker reads for every process, also one started
-//! with a cleared environment), and a folder of its own for the memory ledger its processes
-//! share. The files live on the host under the container's ID; this module says where they go
+//! with a cleared environment), a folder of its own for the memory ledger its processes
+//! share, and a read-only one for the measured shares of SM time its launch gates steer by.
+//! The files live on the host under the container's ID; this module says where they go
 //! in the container, without I/O.
 
 use runtimekit_contract::allocation::ContainerAllocation;
@@ -14,6 +15,8 @@ pub const LIBRARY: &str = "/usr/local/lib/runtimekit/libruntimekit_isolation.so"
 pub const PRELOAD: &str = "/etc/ld.so.preload";
 /// Where the ledger's folder is in the container (`RUNTIMEKIT_ISOLATION_DIR`).
 pub const LEDGER: &str = "/run/runtimekit/isolation";
+/// Where the measurements' folder is in the container (`RUNTIMEKIT_MEASURED_DIR`).
+pub const MEASURED: &str = "/run/runtimekit/measured";
 
 /// Host paths of what the container is given.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,6 +27,8 @@ pub struct Enforcement {
     pub preload: String,
     /// The container's ledger folder.
     pub ledger: String,
+    /// The container's measurements folder.
+    pub measured: String,
     /// `RUNTIMEKIT_GPU_CORE_POLICY`: the node's setting, never the pod's.
     pub core_policy: &'static str,
 }
@@ -53,6 +58,8 @@ pub fn mounts(enforcement: &Enforcement) -> Vec<Value> {
         json!({"destination": PRELOAD, "type": "bind", "source": enforcement.preload, "options": read_only}),
         json!({"destination": LEDGER, "type": "bind", "source": enforcement.ledger,
                "options": ["rbind", "rw", "nosuid", "nodev", "noexec"]}),
+        json!({"destination": MEASURED, "type": "bind", "source": enforcement.measured,
+               "options": ["rbind", "ro", "nosuid", "nodev", "noexec"]}),
     ]
 }
 

@@ -88,7 +88,7 @@ fn state_folder(runc: &RuncArgs, config: &RuntimeConfig) -> Result<PathBuf, Stri
     }
 }
 
-/// Makes the container's ledger folder and preload list (the image's own entries kept) on the
+/// Makes the container's ledger and measurements folders and preload list (the image's own entries kept) on the
 /// host. A container that must be held to its caps is not started without the library.
 fn enforcement(
     runc: &RuncArgs,
@@ -105,11 +105,16 @@ fn enforcement(
         ));
     }
     let folder = state_folder(runc, config)?;
-    let ledger = folder.join(runtimekit_isolation_files::FOLDER);
+    let ledger = folder.join(runtimekit_isolation_files::LEDGER_FOLDER);
     std::fs::create_dir_all(&ledger)
         // The container's processes may run as any user: all of them share the ledger.
         .and_then(|()| std::fs::set_permissions(&ledger, std::fs::Permissions::from_mode(0o777)))
         .map_err(|e| format!("making {}: {e}", ledger.display()))?;
+    // Root's, and read-only in the container: only the meter writes there.
+    let measured = folder.join(runtimekit_isolation_files::MEASURED_FOLDER);
+    std::fs::create_dir_all(&measured)
+        .and_then(|()| std::fs::set_permissions(&measured, std::fs::Permissions::from_mode(0o755)))
+        .map_err(|e| format!("making {}: {e}", measured.display()))?;
     let root = spec
         .get("root")
         .and_then(|r| r.get("path"))
@@ -124,6 +129,7 @@ fn enforcement(
         library: library.display().to_string(),
         preload: preload.display().to_string(),
         ledger: ledger.display().to_string(),
+        measured: measured.display().to_string(),
         core_policy: config.core_policy.variable(),
     })
 }

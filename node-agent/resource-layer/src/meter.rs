@@ -95,7 +95,10 @@ pub fn measure_once(backend: &dyn Backend, options: &MeterOptions, sequence: u64
     written
 }
 
-/// The isolation folders under `state_dir` whose ledger exists, by the ledger's file ID.
+/// The measurements folder of each container under `state_dir` whose ledger exists, by the
+/// ledger's file ID. The ledger folder is the container's to write, so nothing there is
+/// followed: a ledger that is not a plain file (a planted symlink) is skipped, and the shares
+/// go only into the measurements folder, which is root's and read-only in the container.
 fn ledgers(state_dir: &Path) -> BTreeMap<FileId, PathBuf> {
     let Ok(entries) = std::fs::read_dir(state_dir) else {
         return BTreeMap::new();
@@ -103,8 +106,13 @@ fn ledgers(state_dir: &Path) -> BTreeMap<FileId, PathBuf> {
     entries
         .flatten()
         .filter_map(|entry| {
-            let folder = entry.path().join(files::FOLDER);
-            let meta = std::fs::metadata(folder.join(files::LEDGER)).ok()?;
+            let ledger = entry.path().join(files::LEDGER_FOLDER).join(files::LEDGER);
+            let meta = std::fs::symlink_metadata(ledger).ok()?;
+            let folder = entry.path().join(files::MEASURED_FOLDER);
+            let measured = std::fs::symlink_metadata(&folder).ok()?;
+            if !meta.file_type().is_file() || !measured.file_type().is_dir() {
+                return None;
+            }
             let device = meta.dev();
             Some((
                 (
@@ -330,13 +338,15 @@ mod tests {
         assert_eq!(mapped_ledger("garbage\n\n1 2 3\n", &[(0, 0, 0)]), None);
     }
 
-    /// A state folder with container folders `ids`, each holding a ledger file.
+    /// A state folder with container folders `ids`, each holding a ledger file and a
+    /// measurements folder, as lj-runtime makes them.
     fn state_dir(name: &str, ids: &[&str]) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("meter-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         for id in ids {
-            let folder = dir.join(id).join(files::FOLDER);
+            let folder = dir.join(id).join(files::LEDGER_FOLDER);
             std::fs::create_dir_all(&folder).expect("folder");
+            std::fs::create_dir_all(dir.join(id).join(files::MEASURED_FOLDER)).expect("folder");
             std::fs::write(folder.join(files::LEDGER), [0u8; 4096]).expect("ledger");
         }
         dir
@@ -346,7 +356,10 @@ mod tests {
     fn a_process_mapping_a_ledger_belongs_to_its_container() {
         let dir = state_dir("owners", &["aaa", "bbb"]);
         // A process maps the files it runs: `sleep`, copied over bbb's ledger, maps it.
-        let ledger = dir.join("bbb").join(files::FOLDER).join(files::LEDGER);
+        let ledger = dir
+            .join("bbb")
+            .join(files::LEDGER_FOLDER)
+            .join(files::LEDGER);
         let sleep = ["/bin/sleep", "/usr/bin/sleep"]
             .into_iter()
             .find(|p| Path::new(p).exists())
@@ -368,7 +381,7 @@ mod tests {
         let _ = child.kill();
         let _ = child.wait();
         let folder = got.get(&pid).map(|c| folders[*c].clone());
-        assert_eq!(folder, Some(dir.join("bbb").join(files::FOLDER)));
+        assert_eq!(folder, Some(dir.join("bbb").join(files::MEASURED_FOLDER)));
         assert_eq!(got.len(), 1, "{got:?}");
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -390,9 +403,12 @@ mod tests {
         let dir = state_dir("write", &["aaa", "bbb"]);
         assert_eq!(measure_once(&backend, &options(&dir), 3), 2);
         for id in ["aaa", "bbb"] {
-            let text =
-                std::fs::read_to_string(dir.join(id).join(files::FOLDER).join(files::SHARES))
-                    .expect("shares written");
+            let text = std::fs::read_to_string(
+                dir.join(id)
+                    .join(files::MEASURED_FOLDER)
+                    .join(files::SHARES),
+            )
+            .expect("shares written");
             let read = files::parse(&text);
             assert_eq!(read.len(), 8, "one line per card: {text}");
             assert!(
@@ -402,5 +418,30 @@ mod tests {
         }
         let _ = std::fs::remove_dir_all(&dir);
         let _ = std::fs::remove_dir_all(&empty);
+    }
+
+    #[test]
+    fn nothing_the_container_plants_is_followed() {
+        let dir = state_dir("planted", &["aaa", "bbb", "ccc"]);
+        let target = dir.join("host-file");
+        std::fs::write(&target, "the host's").expect("write");
+        // aaa's ledger is a symlink to a host file; bbb's measurements folder is a symlink
+        // into its own writable ledger folder.
+        let aaa = dir
+            .join("aaa")
+            .join(files::LEDGER_FOLDER)
+            .join(files::LEDGER);
+        std::fs::remove_file(&aaa).expect("remove");
+        std::os::unix::fs::symlink(&target, &aaa).expect("link");
+        let bbb = dir.join("bbb").join(files::MEASURED_FOLDER);
+        std::fs::remove_dir(&bbb).expect("remove");
+        std::os::unix::fs::symlink(dir.join("bbb").join(files::LEDGER_FOLDER), &bbb).expect("link");
+        let found: Vec<PathBuf> = ledgers(&dir).into_values().collect();
+        assert_eq!(found, vec![dir.join("ccc").join(files::MEASURED_FOLDER)]);
+        assert_eq!(
+            std::fs::read_to_string(&target).expect("read"),
+            "the host's"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
