@@ -71,12 +71,37 @@ pub struct RuntimeKitConfig {
     pub features: Features,
 }
 
-/// Functions an administrator switches on or off for the whole cluster.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+/// Functions an administrator switches on or off for the whole cluster. Three of them can also
+/// be switched off on one node with a label (`<prefix>/tdm-enabled`, `<prefix>/mig-enabled`,
+/// `<prefix>/exporter-enabled` set to `false`, see [`ResourceNames`]); a node cannot switch on
+/// what the cluster switched off. Switching a function off never touches what already runs:
+/// existing slices and their pods stay, only new placements are refused.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase", default, deny_unknown_fields)]
 pub struct Features {
+    /// Time-division shares (`gpu-core`, `gpu-memory`) are placed. On by default.
+    pub tdm: bool,
+    /// MIG instances (`gpu-slice`) are placed and created on demand. On by default.
+    pub mig: bool,
+    /// Pods with the gang label are placed all or nothing; off, each is placed on its own as
+    /// kube-scheduler would, and no GangGroup is made. On by default.
+    pub gangs: bool,
+    /// The node agents serve their metrics. On by default.
+    pub exporter: bool,
     /// Whether the operator taints the node of a faulted card, and with which effect.
     pub health_taint: HealthTaint,
+}
+
+impl Default for Features {
+    fn default() -> Self {
+        Features {
+            tdm: true,
+            mig: true,
+            gangs: true,
+            exporter: true,
+            health_taint: HealthTaint::Off,
+        }
+    }
 }
 
 /// The taint the operator puts on a node while one of its cards is faulted (key
@@ -169,6 +194,9 @@ impl RuntimeKitConfig {
             min_member_label: format!("{p}/min-member"),
             gang_name_label: format!("{p}/gang-name"),
             health_taint: format!("{p}/gpu-unhealthy"),
+            tdm_switch_label: format!("{p}/tdm-enabled"),
+            mig_switch_label: format!("{p}/mig-enabled"),
+            exporter_switch_label: format!("{p}/exporter-enabled"),
         }
     }
 }
@@ -195,7 +223,19 @@ pub struct ResourceNames {
     /// The node taint marking a faulted card, when the health taint is on
     /// (`aliyun.com/gpu-unhealthy`).
     pub health_taint: String,
+    /// The node label that switches time-division shares off on the node when `false`
+    /// (`aliyun.com/tdm-enabled`).
+    pub tdm_switch_label: String,
+    /// The node label that switches MIG instances off on the node when `false`
+    /// (`aliyun.com/mig-enabled`).
+    pub mig_switch_label: String,
+    /// The node label that switches the node agent's exporter off when `false`
+    /// (`aliyun.com/exporter-enabled`).
+    pub exporter_switch_label: String,
 }
+
+/// The value of a node switch label that switches its function off on the node.
+pub const SWITCHED_OFF: &str = "false";
 
 impl ResourceNames {
     /// The resources this project defines under its prefix.
@@ -254,6 +294,25 @@ mod tests {
                 .iter()
                 .all(|n| n.starts_with("example.org/"))
         );
+    }
+
+    #[test]
+    fn features_are_on_unless_switched_off_one_by_one() {
+        let config: RuntimeKitConfig =
+            serde_yaml::from_str("features:\n  mig: false\n").expect("parses");
+        assert!(!config.features.mig);
+        assert!(config.features.tdm && config.features.gangs && config.features.exporter);
+        assert_eq!(config.features.health_taint, HealthTaint::Off);
+        let names = RuntimeKitConfig {
+            resource_prefix: "example.org".into(),
+            ..Default::default()
+        }
+        .names();
+        assert_eq!(names.tdm_switch_label, "example.org/tdm-enabled");
+        assert_eq!(names.mig_switch_label, "example.org/mig-enabled");
+        assert_eq!(names.exporter_switch_label, "example.org/exporter-enabled");
+        assert!(serde_yaml::from_str::<RuntimeKitConfig>("features:\n  tdm: maybe\n").is_err());
+        assert!(serde_yaml::from_str::<RuntimeKitConfig>("features:\n  topolgy: false\n").is_err());
     }
 
     #[test]

@@ -436,6 +436,40 @@ fn min_member_needs_a_group_and_a_positive_size() {
 }
 
 #[test]
+fn with_gangs_switched_off_a_member_is_placed_on_its_own_and_told_so() {
+    let config = RuntimeKitConfig {
+        features: runtimekit_contract::Features {
+            gangs: false,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let member = json!({"metadata": {"labels": {"aliyun.com/min-member": "7", "jobset.sigs.k8s.io/jobset-name": "train"}}});
+    let request = parse_pod(&pod(json!({"aliyun.com/gpu": "1"}), member), &config)
+        .expect("still a valid pod");
+    assert_eq!(request.gang, None);
+    assert_eq!(
+        request.warnings,
+        [Warning::GangsSwitchedOff {
+            gang: "train".into()
+        }]
+    );
+    assert_eq!(
+        request.warnings[0].to_string(),
+        r#"gang "train": gangs are switched off in the shared configuration (features.gangs: false), so this pod is placed on its own, not all or nothing with the rest"#
+    );
+    // The labels are still checked.
+    assert_eq!(
+        err_with(
+            &config,
+            json!({"aliyun.com/gpu": "1"}),
+            json!({"metadata": {"labels": {"aliyun.com/min-member": "0", "aliyun.com/gang-name": "g"}}})
+        ),
+        r#"label aliyun.com/min-member must be a whole number of at least 1; got "0""#
+    );
+}
+
+#[test]
 fn our_gpu_pods_need_our_runtime_class() {
     assert_eq!(
         err(

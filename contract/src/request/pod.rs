@@ -3,7 +3,7 @@
 //! gang labels.
 
 use super::parser::Parser;
-use super::{CardRequest, ContractError, MAX_CARDS, PodRequest, Violation};
+use super::{CardRequest, ContractError, MAX_CARDS, PodRequest, Violation, Warning};
 use crate::config::{JOBSET_NAME_LABEL, REPLICA_LABEL, RuntimeKitConfig};
 use k8s_openapi::api::core::v1::Pod;
 
@@ -93,13 +93,22 @@ pub fn parse_pod(pod: &Pod, config: &RuntimeKitConfig) -> Result<PodRequest, Con
         }
     }
 
-    let gang = label(&names.min_member_label).and_then(|value| {
-        parser.gang(
-            value,
-            label(JOBSET_NAME_LABEL),
-            label(&names.gang_name_label),
-        )
-    });
+    let gang = label(&names.min_member_label)
+        .and_then(|value| {
+            parser.gang(
+                value,
+                label(JOBSET_NAME_LABEL),
+                label(&names.gang_name_label),
+            )
+        })
+        .filter(|gang| {
+            config.features.gangs || {
+                parser.warnings.push(Warning::GangsSwitchedOff {
+                    gang: gang.name.clone(),
+                });
+                false
+            }
+        });
 
     if parser.findings.is_empty() {
         Ok(PodRequest {

@@ -9,6 +9,8 @@ pub enum Warning {
     CoreZero { container: String, resource: String },
     /// RDMA asked for without the host network.
     RdmaWithoutHostNetwork { container: String, resource: String },
+    /// A gang member while gangs are switched off: it is placed on its own.
+    GangsSwitchedOff { gang: String },
 }
 
 impl fmt::Display for Warning {
@@ -28,6 +30,10 @@ impl fmt::Display for Warning {
                 f,
                 "container {container:?}: {resource}: 1 needs hostNetwork: true for RDMA traffic"
             ),
+            Warning::GangsSwitchedOff { gang } => write!(
+                f,
+                "gang {gang:?}: gangs are switched off in the shared configuration (features.gangs: false), so this pod is placed on its own, not all or nothing with the rest"
+            ),
         }
     }
 }
@@ -38,6 +44,7 @@ impl Warning {
         match self {
             Warning::CoreZero { .. } => "GpuCoreZero",
             Warning::RdmaWithoutHostNetwork { .. } => "RdmaWithoutHostNetwork",
+            Warning::GangsSwitchedOff { .. } => "GangsSwitchedOff",
         }
     }
 }

@@ -10,7 +10,7 @@
 use runtimekit_contract::{CardRequest, ContainerRequest, WholeCardName};
 use runtimekit_placement::{
     CardInfo, Cluster, Decision, GangConstraint, NetworkPosition, NicInfo, NodeInfo, PodInput,
-    Resources, Settings, Share, Taint, TaintEffect, Vendor,
+    Resources, Settings, Share, Switches, Taint, TaintEffect, Vendor,
 };
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::{BTreeMap, HashMap};
@@ -131,6 +131,7 @@ fn node_info(i: usize) -> NodeInfo {
         ready: true,
         unschedulable: false,
         gpu_enabled: true,
+        switches: Switches::default(),
         position: NetworkPosition {
             hyper_node: Some(format!("hn-{hyper}")),
             leaf_switch: Some(format!("leaf-{leaf}")),

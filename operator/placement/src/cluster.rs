@@ -7,8 +7,8 @@ use crate::mig_cache::MigCache;
 use crate::model::{CardInfo, Decision, NicInfo, NodeInfo, Resources, Settings, SliceInput};
 use crate::place::{key8, key64, tdm_row};
 use crate::state::{
-    Amounts, CardUse, NodeId, NodeState, PodRecord, PodSlot, SliceRec, Spec, Summary, VendorFilter,
-    build_devices, flag, summarize,
+    Amounts, CardUse, NodeId, NodeState, PodRecord, PodSlot, SliceRec, Spec, Summary, SwitchedBy,
+    VendorFilter, build_devices, flag, summarize,
 };
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -227,6 +227,8 @@ impl Cluster {
             ready: info.ready,
             unschedulable: info.unschedulable,
             gpu_enabled: info.gpu_enabled,
+            tdm_off: SwitchedBy::of(self.settings.switches.tdm, info.switches.tdm),
+            mig_off: SwitchedBy::of(self.settings.switches.mig, info.switches.mig),
         });
         self.known += 1;
         self.refresh(id);
@@ -531,6 +533,13 @@ impl Cluster {
     /// Recomputes a node's card usage, summary and index entries from what it holds.
     pub(crate) fn refresh(&mut self, id: NodeId) {
         let node = &mut self.nodes[id as usize];
+        let (tdm_off, mig_off) = node.spec.as_ref().map_or((false, false), |s| {
+            (s.tdm_off.is_some(), s.mig_off.is_some())
+        });
+        for card in &mut node.cards {
+            card.tdm_off = tdm_off;
+            card.mig_off = mig_off;
+        }
         let mut uses = vec![CardUse::default(); node.cards.len()];
         let mut requested = Amounts::default();
         let mut pod_count = 0;

@@ -5,7 +5,7 @@
 use crate::model::{
     CardInfo, CardPlacement, ContainerPlacement, Decision, GangConstraint, GangDecision,
     MigInstance, NetworkPosition, NicInfo, NodeInfo, PodInput, Resources, SelectorOperator,
-    SelectorRequirement, SelectorTerm, Share, SliceInput, Taint, TaintEffect, Toleration,
+    SelectorRequirement, SelectorTerm, Share, SliceInput, Switches, Taint, TaintEffect, Toleration,
     TolerationOperator,
 };
 use crate::quantity::ceil_scaled;
@@ -139,6 +139,7 @@ impl NodeInfo {
             ready,
             unschedulable: spec.and_then(|s| s.unschedulable).unwrap_or(false),
             gpu_enabled: labels.get(NODE_ENABLE_LABEL).is_some_and(|v| v == "true"),
+            switches: Switches::from_labels(&labels, names),
             position: NetworkPosition {
                 hyper_node: label(&keys.hyper_node),
                 leaf_switch: label(&keys.leaf_switch),

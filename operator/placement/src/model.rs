@@ -3,6 +3,7 @@
 //! These are plain data types with no apiserver behind them; `convert` builds them from
 //! Kubernetes objects and the project's custom resources.
 
+use runtimekit_contract::config::SWITCHED_OFF;
 use runtimekit_contract::{ContainerRequest, ResourceNames, RuntimeKitConfig};
 use std::collections::BTreeMap;
 
@@ -25,6 +26,47 @@ pub struct Settings {
     pub names: ResourceNames,
     /// The scheduler name, used in failure messages about unsupported constraints.
     pub scheduler_name: String,
+    /// The cluster's function switches (`features.tdm`, `features.mig`).
+    pub switches: Switches,
+}
+
+/// Which of the functions a node can have switched off are on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Switches {
+    /// Time-division shares.
+    pub tdm: bool,
+    /// MIG instances.
+    pub mig: bool,
+}
+
+impl Switches {
+    /// What a node's labels leave on: `<prefix>/tdm-enabled=false` switches TDM off, and so on
+    /// (any other value leaves it on).
+    pub fn from_labels(labels: &BTreeMap<String, String>, names: &ResourceNames) -> Switches {
+        let on = |label: &str| labels.get(label).map(String::as_str) != Some(SWITCHED_OFF);
+        Switches {
+            tdm: on(&names.tdm_switch_label),
+            mig: on(&names.mig_switch_label),
+        }
+    }
+}
+
+impl Default for Switches {
+    fn default() -> Self {
+        Switches {
+            tdm: true,
+            mig: true,
+        }
+    }
+}
+
+/// A function an administrator can switch off for the cluster or one node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Function {
+    /// Time-division shares (`gpu-core`, `gpu-memory`).
+    Tdm,
+    /// MIG instances (`gpu-slice`).
+    Mig,
 }
 
 impl Settings {
@@ -34,6 +76,10 @@ impl Settings {
             scoring: Scoring::Binpack,
             names: config.names(),
             scheduler_name: config.scheduler_name.clone(),
+            switches: Switches {
+                tdm: config.features.tdm,
+                mig: config.features.mig,
+            },
         }
     }
 
@@ -175,6 +221,8 @@ pub struct NodeInfo {
     pub unschedulable: bool,
     /// Whether it is labelled for GPU pods (`lj_runtimekit_enable=true`).
     pub gpu_enabled: bool,
+    /// The functions its labels leave on (`<prefix>/tdm-enabled=false` switches TDM off).
+    pub switches: Switches,
     /// Its network position.
     pub position: NetworkPosition,
 }

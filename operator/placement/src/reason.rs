@@ -1,6 +1,6 @@
 //! Why a pod or gang does not fit, per node, aggregated the way kube-scheduler does.
 
-use crate::model::Tier;
+use crate::model::{Function, Tier};
 use std::fmt;
 
 /// Why one node cannot take a pod.
@@ -33,6 +33,15 @@ pub enum Reason {
     },
     /// The node's agent is not reporting, so its cards are not offered.
     AgentNotReporting,
+    /// A function the pod needs is switched off, for the cluster or on the node.
+    SwitchedOff {
+        /// The function.
+        function: Function,
+        /// The switch: the configuration setting or the node label.
+        switch: String,
+        /// Whether the switch is the cluster's setting (else the node's label).
+        cluster: bool,
+    },
     /// The pod asks for RDMA and the node has no RDMA NIC.
     NoRdmaNic {
         /// The RDMA resource name.
@@ -248,6 +257,27 @@ impl fmt::Display for Reason {
             Reason::TooManyPods => f.write_str("Too many pods"),
             Reason::NotEnabled { label } => write!(f, "node(s) were not labelled {label}=true"),
             Reason::AgentNotReporting => f.write_str("node(s) had no node agent reporting"),
+            Reason::SwitchedOff {
+                function,
+                switch,
+                cluster,
+            } => {
+                let function = match function {
+                    Function::Tdm => "time-division shares",
+                    Function::Mig => "MIG instances",
+                };
+                if *cluster {
+                    write!(
+                        f,
+                        "node(s) had {function} switched off for the cluster ({switch}: false in the shared configuration)"
+                    )
+                } else {
+                    write!(
+                        f,
+                        "node(s) had {function} switched off by the node label {switch}=false"
+                    )
+                }
+            }
             Reason::NoRdmaNic { resource } => write!(f, "node(s) had no RDMA NIC for {resource}"),
             Reason::Cards { container, problem } => {
                 write!(f, "node(s) had {problem}")?;

@@ -48,6 +48,32 @@ pub(crate) struct Card {
     pub numa: Option<u32>,
     pub socket: Option<u32>,
     pub nvlink: Box<[u32]>,
+    /// Whether its node has time-division shares or MIG instances switched off (copied from
+    /// the node's spec on every refresh).
+    pub tdm_off: bool,
+    pub mig_off: bool,
+}
+
+/// What switched a function off on a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SwitchedBy {
+    /// The shared configuration (`features.tdm`, `features.mig`).
+    Cluster,
+    /// The node's own label.
+    Node,
+}
+
+impl SwitchedBy {
+    /// What switched a function off, given whether the cluster and the node leave it on.
+    pub(crate) fn of(cluster_on: bool, node_on: bool) -> Option<SwitchedBy> {
+        if !cluster_on {
+            Some(SwitchedBy::Cluster)
+        } else if !node_on {
+            Some(SwitchedBy::Node)
+        } else {
+            None
+        }
+    }
 }
 
 /// An RDMA NIC.
@@ -97,6 +123,9 @@ pub(crate) struct Spec {
     pub ready: bool,
     pub unschedulable: bool,
     pub gpu_enabled: bool,
+    /// Whether, and by what, time-division shares and MIG instances are switched off here.
+    pub tdm_off: Option<SwitchedBy>,
+    pub mig_off: Option<SwitchedBy>,
 }
 
 impl Spec {
@@ -217,12 +246,15 @@ impl Card {
             numa: info.numa_node,
             socket: info.socket,
             nvlink: info.nvlink_peers.clone().into_boxed_slice(),
+            tdm_off: false,
+            mig_off: false,
         }
     }
 
     /// Free compute and memory for a new TDM share, or `None` when the card takes no shares.
     pub(crate) fn tdm_room(&self, u: &CardUse) -> Option<(u8, u64)> {
         let takes = self.healthy
+            && !self.tdm_off
             && !self.mig_enabled
             && self.vendor != Vendor::Amd
             && u.whole == 0
@@ -240,7 +272,7 @@ impl Card {
     /// takes no MIG instances.
     pub(crate) fn mig_room(&self, u: &CardUse) -> Option<(&'static MigTable, u8)> {
         let table = self.table?;
-        (self.healthy && self.mig_enabled && u.whole == 0 && u.tdm == 0)
+        (self.healthy && !self.mig_off && self.mig_enabled && u.whole == 0 && u.tdm == 0)
             .then_some((table, u.mask | self.reported))
     }
 
@@ -380,6 +412,9 @@ pub(crate) mod flag {
     pub const GPU: u8 = 8;
     pub const AGENT: u8 = 16;
     pub const TAINTED: u8 = 32;
+    /// Time-division shares or MIG instances switched off on the node.
+    pub const TDM_OFF: u8 = 64;
+    pub const MIG_OFF: u8 = 128;
     /// Known, ready, labelled for GPU pods and reporting: its cards may be offered.
     pub const ELIGIBLE: u8 = KNOWN | READY | GPU | AGENT;
 }
@@ -508,6 +543,12 @@ pub(crate) fn summarize(node: &NodeState) -> Summary {
         }
         if spec.gpu_enabled {
             s.flags |= flag::GPU;
+        }
+        if spec.tdm_off.is_some() {
+            s.flags |= flag::TDM_OFF;
+        }
+        if spec.mig_off.is_some() {
+            s.flags |= flag::MIG_OFF;
         }
         if spec
             .taints

@@ -93,6 +93,31 @@ fn nodes_convert_with_resources_taints_and_position() {
     );
 }
 
+#[test]
+fn node_labels_switch_functions_off_only_with_false() {
+    let keys = TopologyLabels::default();
+    assert_eq!(
+        NodeInfo::from_node(&node_object(), &names(), &keys)
+            .expect("converts")
+            .switches,
+        Switches::default()
+    );
+    for (tdm, mig, want) in [
+        ("false", "true", (false, true)),
+        ("true", "false", (true, false)),
+        ("off", "no", (true, true)),
+    ] {
+        let mut object = node_object();
+        let labels = object.metadata.labels.get_or_insert_default();
+        labels.insert("aliyun.com/tdm-enabled".into(), tdm.into());
+        labels.insert("aliyun.com/mig-enabled".into(), mig.into());
+        let switches = NodeInfo::from_node(&object, &names(), &keys)
+            .expect("converts")
+            .switches;
+        assert_eq!((switches.tdm, switches.mig), want, "{tdm} {mig}");
+    }
+}
+
 fn pod_object() -> Pod {
     serde_json::from_value(json!({
         "metadata": {"name": "w-0", "namespace": "ml", "uid": "uid-1",

@@ -740,3 +740,85 @@ fn resource_names_follow_the_configured_prefix() {
          so none takes example.org/gpu-core."
     );
 }
+
+// ---- feature switches ----
+
+/// A node whose label switches `function` (`tdm` or `mig`) off.
+fn switched_off(name: &str, function: &str) -> NodeInfo {
+    let mut info = node(name);
+    info.labels
+        .insert(format!("aliyun.com/{function}-enabled"), "false".into());
+    info.switches = Switches {
+        tdm: function != "tdm",
+        mig: function != "mig",
+    };
+    info
+}
+
+#[test]
+fn a_node_label_switches_time_division_shares_off_on_that_node_only() {
+    let mut c = cluster();
+    add(&mut c, switched_off("n1", "tdm"), &[h800(0)], &[]);
+    assert_eq!(
+        message(&c, &tdm("p", Some(30), Some(4))),
+        "0/1 nodes are available: 1 node(s) had time-division shares switched off by the node label aliyun.com/tdm-enabled=false."
+    );
+    // Whole cards and MIG are not affected.
+    assert_eq!(c.decide(&whole("w", 1)).expect("whole card").node, "n1");
+    add(&mut c, node("n2"), &[h800(0)], &[]);
+    assert_eq!(place(&mut c, &tdm("p", Some(30), Some(4))).node, "n2");
+}
+
+#[test]
+fn a_node_label_switches_mig_off_on_that_node_only() {
+    let mut c = cluster();
+    add(&mut c, switched_off("n1", "mig"), &[h800_mig(0)], &[]);
+    assert_eq!(
+        message(&c, &mig("p", 3, None)),
+        "0/1 nodes are available: 1 node(s) had MIG instances switched off by the node label aliyun.com/mig-enabled=false."
+    );
+    add(&mut c, node("n2"), &[h800_mig(0)], &[]);
+    assert_eq!(place(&mut c, &mig("p", 3, None)).node, "n2");
+}
+
+#[test]
+fn the_shared_configuration_switches_a_function_off_everywhere() {
+    let config = runtimekit_contract::RuntimeKitConfig {
+        features: runtimekit_contract::Features {
+            tdm: false,
+            mig: false,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let mut c = Cluster::new(Settings::new(&config));
+    add(&mut c, node("n1"), &[h800(0)], &[]);
+    add(&mut c, node("n2"), &[h800_mig(0)], &[]);
+    assert_eq!(
+        message(&c, &tdm("p", Some(30), None)),
+        "0/2 nodes are available: 2 node(s) had time-division shares switched off for the cluster (features.tdm: false in the shared configuration)."
+    );
+    assert_eq!(
+        message(&c, &mig("m", 3, None)),
+        "0/2 nodes are available: 2 node(s) had MIG instances switched off for the cluster (features.mig: false in the shared configuration)."
+    );
+    assert_eq!(place(&mut c, &whole("w", 1)).node, "n1");
+}
+
+#[test]
+fn switching_off_keeps_what_runs_and_switching_on_again_offers_the_room() {
+    let mut c = cluster();
+    add(&mut c, node("n1"), &[h800(0)], &[]);
+    let first = place(&mut c, &tdm("a", Some(60), Some(10)));
+    c.upsert_node(switched_off("n1", "tdm"));
+    // The running share keeps its card: its room is still taken when the node switches back.
+    assert!(c.decide(&tdm("b", Some(30), None)).is_err());
+    assert!(c.decide(&whole("w", 1)).is_err(), "the card holds a share");
+    c.upsert_node(node("n1"));
+    assert!(
+        c.decide(&tdm("c", Some(50), None)).is_err(),
+        "only 40 % is left"
+    );
+    let second = place(&mut c, &tdm("d", Some(40), None));
+    assert_eq!(indexes(&second), indexes(&first));
+}

@@ -5,8 +5,10 @@ use super::prepare::PreparedPod;
 use crate::cluster::Cluster;
 use crate::intern::Sym;
 use crate::mig_cache::MigCache;
+use crate::model::Function;
 use crate::place::CardFail;
 use crate::reason::{CardProblem, GangShortfall, Reason, Unschedulable};
+use crate::state::SwitchedBy;
 use runtimekit_contract::config::NODE_ENABLE_LABEL;
 use runtimekit_contract::{CardRequest, WholeCardName};
 
@@ -22,6 +24,11 @@ pub(crate) enum Rejection {
     NodeAffinity,
     NotEnabled,
     AgentNotReporting,
+    /// A function the pod needs is switched off on the node.
+    SwitchedOff {
+        function: Function,
+        by: SwitchedBy,
+    },
     InsufficientCpu,
     InsufficientMemory,
     TooManyPods,
@@ -121,6 +128,16 @@ impl Cluster {
                 label: NODE_ENABLE_LABEL.into(),
             },
             Rejection::AgentNotReporting => Reason::AgentNotReporting,
+            Rejection::SwitchedOff { function, by } => Reason::SwitchedOff {
+                function,
+                switch: match (by, function) {
+                    (SwitchedBy::Cluster, Function::Tdm) => "features.tdm".into(),
+                    (SwitchedBy::Cluster, Function::Mig) => "features.mig".into(),
+                    (SwitchedBy::Node, Function::Tdm) => names.tdm_switch_label.clone(),
+                    (SwitchedBy::Node, Function::Mig) => names.mig_switch_label.clone(),
+                },
+                cluster: by == SwitchedBy::Cluster,
+            },
             Rejection::InsufficientCpu => Reason::Insufficient {
                 resource: "cpu".into(),
             },

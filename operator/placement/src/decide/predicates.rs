@@ -8,9 +8,9 @@ use super::prepare::{
 };
 use crate::cluster::Cluster;
 use crate::intern::Sym;
-use crate::model::{SelectorOperator, TaintEffect};
+use crate::model::{Function, SelectorOperator, TaintEffect};
 use crate::place::CardFail;
-use crate::state::{NodeId, NodeState, Spec, Summary, VendorFilter, flag};
+use crate::state::{NodeId, NodeState, Spec, Summary, SwitchedBy, VendorFilter, flag};
 use runtimekit_contract::CardRequest;
 
 impl Cluster {
@@ -60,6 +60,21 @@ impl Cluster {
             }
             if !summary.has(flag::AGENT) {
                 reject(Rejection::AgentNotReporting);
+                return false;
+            }
+            let switched_off = |wanted: bool, bit: u8, of: fn(&Spec) -> Option<SwitchedBy>| {
+                (wanted && summary.has(bit))
+                    .then(|| node.spec.as_ref().and_then(of))
+                    .flatten()
+            };
+            let off = switched_off(prep.wants_tdm, flag::TDM_OFF, |s| s.tdm_off)
+                .map(|by| (Function::Tdm, by))
+                .or_else(|| {
+                    switched_off(prep.wants_mig, flag::MIG_OFF, |s| s.mig_off)
+                        .map(|by| (Function::Mig, by))
+                });
+            if let Some((function, by)) = off {
+                reject(Rejection::SwitchedOff { function, by });
                 return false;
             }
         }

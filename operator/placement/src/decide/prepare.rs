@@ -119,6 +119,9 @@ pub(crate) struct PreparedPod<'p> {
     pub(super) scalars: Vec<(Option<Sym>, u64)>,
     pub wants_cards: bool,
     pub wants_rdma: bool,
+    /// Whether a container asks for time-division shares, or for MIG instances.
+    pub wants_tdm: bool,
+    pub wants_mig: bool,
     pub shape: CardShape,
     /// Nodes matching the nodeSelector, by id bit, computed before scans of every node.
     pub(super) selected_nodes: Option<Vec<u64>>,
@@ -199,6 +202,14 @@ impl Cluster {
                 .collect(),
             wants_cards: !pod.containers.is_empty(),
             wants_rdma: pod.containers.iter().any(|c| c.rdma),
+            wants_tdm: pod
+                .containers
+                .iter()
+                .any(|c| matches!(c.cards, CardRequest::Tdm { .. })),
+            wants_mig: pod
+                .containers
+                .iter()
+                .any(|c| matches!(c.cards, CardRequest::Mig { .. })),
             shape: CardShape::of(&pod.containers),
             selected_nodes: None,
         }
