@@ -233,6 +233,16 @@ pub async fn run(options: Options) -> Result<(), AgentError> {
             }
             .run(),
         );
+        spawn(
+            &mut tasks,
+            "exporter-switch",
+            exporter::switch::follow(
+                client.clone(),
+                node.clone(),
+                options.config.names().exporter_switch_label,
+                snapshot.clone(),
+            ),
+        );
         let exporter = Arc::new(Exporter::new(snapshot));
         spawn(&mut tasks, "exporter", async move {
             if let Err(error) = exporter::serve(listener, exporter).await {

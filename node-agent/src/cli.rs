@@ -134,6 +134,7 @@ impl Cli {
             }
             None => RuntimeKitConfig::default(),
         };
+        let exporter_on = config.features.exporter;
         let layer = match &self.simulate {
             Some(profile) => Source::Simulate {
                 profile: profile.clone(),
@@ -155,6 +156,8 @@ impl Cli {
             device_plugin: !self.no_device_plugin,
             metrics: match self.metrics_address.as_str() {
                 "off" => None,
+                // Switched off for the whole cluster: nothing listens.
+                _ if !exporter_on => None,
                 address => Some(address.parse().map_err(|_| {
                     format!("--metrics-address {address:?} is not host:port (or off)")
                 })?),

@@ -14,6 +14,7 @@ mod nvml_node;
 mod operator;
 mod real_node;
 mod real_node_isolation;
+mod switches;
 mod trust;
 
 use libtest_mimic::Arguments;
@@ -34,6 +35,7 @@ fn tests() -> Vec<Test> {
         node_agent::TESTS,
         nvml_node::TESTS,
         exporter::TESTS,
+        switches::TESTS,
         // Last: the real node stays once started, and no other test should see its cards.
         real_node_isolation::TESTS,
         real_node::TESTS,

@@ -32,10 +32,12 @@ pub struct Collector {
 }
 
 impl Collector {
-    /// Samples the node every interval, forever.
+    /// Samples the node every interval, forever (not while the exporter is switched off).
     pub async fn run(mut self) {
         loop {
-            self.sample().await;
+            if self.snapshot.off().is_none() {
+                self.sample().await;
+            }
             tokio::time::sleep(self.interval).await;
         }
     }

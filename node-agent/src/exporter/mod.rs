@@ -6,6 +6,7 @@
 pub mod collect;
 pub mod families;
 mod pids;
+pub mod switch;
 
 use axum::Router;
 use axum::extract::State;
@@ -19,10 +20,11 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 use std::sync::{Arc, RwLock};
 
-/// The last sample of the node, as metric families.
+/// The last sample of the node, as metric families, or why the exporter is switched off.
 #[derive(Debug, Default)]
 pub struct Snapshot {
     families: RwLock<Vec<Family>>,
+    switched_off: RwLock<Option<String>>,
 }
 
 impl Snapshot {
@@ -31,6 +33,26 @@ impl Snapshot {
         match self.families.write() {
             Ok(mut now) => *now = families,
             Err(poisoned) => *poisoned.into_inner() = families,
+        }
+    }
+
+    /// Switches the exporter off (`Some(why)`: the sample is dropped and a scrape is told why)
+    /// or on again.
+    pub fn switch_off(&self, why: Option<String>) {
+        if why.is_some() {
+            self.set(Vec::new());
+        }
+        match self.switched_off.write() {
+            Ok(mut now) => *now = why,
+            Err(poisoned) => *poisoned.into_inner() = why,
+        }
+    }
+
+    /// Why the exporter is switched off, if it is.
+    pub fn off(&self) -> Option<String> {
+        match self.switched_off.read() {
+            Ok(why) => why.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
         }
     }
 }
@@ -62,14 +84,15 @@ impl Collector for View {
 #[derive(Debug)]
 pub struct Exporter {
     registry: Registry,
+    snapshot: Arc<Snapshot>,
 }
 
 impl Exporter {
     /// An exporter serving `snapshot`.
     pub fn new(snapshot: Arc<Snapshot>) -> Exporter {
         let mut registry = Registry::default();
-        registry.register_collector(Box::new(View(snapshot)));
-        Exporter { registry }
+        registry.register_collector(Box::new(View(snapshot.clone())));
+        Exporter { registry, snapshot }
     }
 
     /// The text a scrape gets.
@@ -92,6 +115,13 @@ pub async fn serve(
 }
 
 async fn metrics(State(exporter): State<Arc<Exporter>>) -> impl IntoResponse {
+    if let Some(why) = exporter.snapshot.off() {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+            format!("the exporter is switched off on this node: {why}\n"),
+        );
+    }
     match exporter.render() {
         Ok(text) => (
             StatusCode::OK,
@@ -169,5 +199,19 @@ mod tests {
                 .expect("render")
                 .contains("DCGM_FI_DEV_GPU_TEMP")
         );
+    }
+
+    #[test]
+    fn switching_off_drops_the_sample_and_says_why() {
+        let snapshot = snapshot();
+        let exporter = Exporter::new(snapshot.clone());
+        snapshot.switch_off(Some("the node is labelled x=false".into()));
+        assert_eq!(
+            snapshot.off().as_deref(),
+            Some("the node is labelled x=false")
+        );
+        assert!(!exporter.render().expect("render").contains("DCGM_"));
+        snapshot.switch_off(None);
+        assert_eq!(snapshot.off(), None);
     }
 }
