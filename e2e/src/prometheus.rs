@@ -130,6 +130,27 @@ impl Prometheus {
 /// Debian's promtool, beside Prometheus.
 const PROMTOOL: &str = "/usr/bin/promtool";
 
+/// Runs `promtool check config` on a Prometheus configuration: its complaint when it refuses it.
+pub fn promtool_check_config(text: &str, scratch: &std::path::Path) -> Result<()> {
+    let file = scratch.join("prometheus.yml");
+    std::fs::write(&file, text)?;
+    let output = std::process::Command::new(PROMTOOL)
+        .args(["check", "config", "--syntax-only"])
+        .arg(&file)
+        .output()
+        .with_context(|| {
+            format!("{PROMTOOL} (Debian's prometheus package: ./just node-packages)")
+        })?;
+    if !output.status.success() {
+        bail!(
+            "promtool refuses the configuration: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    Ok(())
+}
+
 /// Runs `promtool check metrics` on a scrape's text: an error when it cannot parse it, otherwise
 /// its lint findings, one per line.
 pub fn promtool_findings(text: &str) -> Result<Vec<String>> {

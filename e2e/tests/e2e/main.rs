@@ -8,6 +8,7 @@ mod control_plane;
 mod exporter;
 mod faults;
 mod gangs;
+mod guides;
 mod health;
 mod node_agent;
 mod nvml_node;
@@ -36,6 +37,7 @@ fn tests() -> Vec<Test> {
         nvml_node::TESTS,
         exporter::TESTS,
         switches::TESTS,
+        guides::TESTS,
         // Last: the real node stays once started, and no other test should see its cards.
         real_node_isolation::TESTS,
         real_node::TESTS,
