@@ -86,6 +86,20 @@ bench-scheduler:
     cargo build --quiet --locked --release -p runtimekit-operator -p runtimekit-e2e --bin runtimekit-operator --bin bench-scheduler
     target/release/bench-scheduler
 
+# Install the kubectl plugin `kubectl gpu` (the binary kubectl-gpu) into DIR; with DIR on PATH, `kubectl gpu nodes` works.
+kubectl-gpu-install dir:
+    cargo build --quiet --release --locked -p runtimekit-kubectl-gpu
+    install -D -m 0755 target/release/kubectl-gpu "{{dir}}/kubectl-gpu"
+    @echo "installed {{dir}}/kubectl-gpu; with {{dir}} on PATH: kubectl gpu nodes | pods [-A] | explain POD"
+
+# Package `kubectl gpu` for krew: target/krew/kubectl-gpu-linux-amd64.tar.gz and its manifest target/krew/gpu.yaml.
+kubectl-gpu-package:
+    cargo build --quiet --release --locked -p runtimekit-kubectl-gpu
+    mkdir -p target/krew
+    tar -C target/release -czf target/krew/kubectl-gpu-linux-amd64.tar.gz kubectl-gpu
+    sed "s/SHA256_OF_THE_ARCHIVE/$(sha256sum target/krew/kubectl-gpu-linux-amd64.tar.gz | cut -d' ' -f1)/" operator/kubectl-gpu/krew.yaml > target/krew/gpu.yaml
+    @echo "target/krew/gpu.yaml and target/krew/kubectl-gpu-linux-amd64.tar.gz"
+
 # Build what the GPU checks run (release resource layer, CUDA probe and isolation library) into target/gpu-check, to carry to a machine with NVIDIA cards.
 gpu-check-build:
     cargo build --release --locked -p runtimekit-resource-layer -p runtimekit-isolation

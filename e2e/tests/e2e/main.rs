@@ -13,6 +13,7 @@ mod health;
 mod node_agent;
 mod nvml_node;
 mod operator;
+mod plugin;
 mod real_node;
 mod real_node_isolation;
 mod switches;
@@ -38,6 +39,7 @@ fn tests() -> Vec<Test> {
         exporter::TESTS,
         switches::TESTS,
         guides::TESTS,
+        plugin::TESTS,
         // Last: the real node stays once started, and no other test should see its cards.
         real_node_isolation::TESTS,
         real_node::TESTS,

@@ -1,0 +1,385 @@
+//! Why a pod is where it is, or why it is not placed, in plain words: from the pod (its
+//! scheduler, its `PodScheduled` condition), the slices it holds, its gang's status and the
+//! network position of its node.
+
+use crate::cards::CardRow;
+use crate::slices::SliceRow;
+use k8s_openapi::api::core::v1::Pod;
+use runtimekit_crds::{GangGroup, GangPhase};
+use serde::Serialize;
+
+/// What `kubectl gpu explain` says about one pod.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Explanation {
+    pub namespace: String,
+    pub pod: String,
+    /// `Placed`, `Pending`, `NotOurs` or `Ended`.
+    pub verdict: String,
+    pub node: Option<String>,
+    /// The explanation, one sentence a line.
+    pub lines: Vec<String>,
+}
+
+/// What is known about the pod.
+#[derive(Debug)]
+pub struct Facts<'a> {
+    pub pod: &'a Pod,
+    /// The scheduler name this project answers to.
+    pub scheduler: &'a str,
+    /// The pod's slices.
+    pub slices: &'a [SliceRow],
+    /// The cards of the pod's node.
+    pub node_cards: &'a [CardRow],
+    /// The pod's gang, if it has one.
+    pub gang: Option<&'a GangGroup>,
+}
+
+/// Explains a pod.
+pub fn explain(facts: &Facts) -> Explanation {
+    let pod = facts.pod;
+    let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let spec = pod.spec.as_ref();
+    let node = spec.and_then(|s| s.node_name.clone());
+    let phase = pod.status.as_ref().and_then(|s| s.phase.clone());
+    let scheduler = spec
+        .and_then(|s| s.scheduler_name.clone())
+        .unwrap_or_else(|| "default-scheduler".into());
+    let mut lines = Vec::new();
+    let verdict = if scheduler != facts.scheduler {
+        lines.push(format!(
+            "Pod {namespace}/{name} is placed by {scheduler}, not {}: it gets whole cards only through the kubelet, and no shares.",
+            facts.scheduler
+        ));
+        if node.is_some() {
+            lines.push(format!(
+                "It runs on node {}.",
+                node.as_deref().unwrap_or("-")
+            ));
+        }
+        "NotOurs"
+    } else if let Some(node) = &node {
+        placed(facts, &namespace, &name, node, &mut lines);
+        if matches!(phase.as_deref(), Some("Succeeded" | "Failed")) {
+            "Ended"
+        } else {
+            "Placed"
+        }
+    } else {
+        pending(facts, &namespace, &name, &mut lines);
+        "Pending"
+    };
+    Explanation {
+        namespace,
+        pod: name,
+        verdict: verdict.into(),
+        node,
+        lines,
+    }
+}
+
+fn placed(facts: &Facts, namespace: &str, name: &str, node: &str, lines: &mut Vec<String>) {
+    let position = facts
+        .node_cards
+        .first()
+        .map(|c| c.position.as_str())
+        .filter(|p| *p != "-");
+    lines.push(match position {
+        Some(position) => format!(
+            "Pod {namespace}/{name} runs on node {node}, under {position} (network pod / leaf switch / HyperNode)."
+        ),
+        None => format!("Pod {namespace}/{name} runs on node {node}."),
+    });
+    if facts.slices.is_empty() {
+        lines.push("It holds no card.".into());
+    }
+    for slice in facts.slices {
+        let card = facts
+            .node_cards
+            .iter()
+            .find(|c| Some(c.index) == slice.card);
+        let model = card.map_or("", |c| c.model.as_str());
+        let what = match slice.mode.as_str() {
+            "TDM" => format!("a time-division share ({})", slice.share),
+            "MIG" => format!("the MIG instance {}", slice.share),
+            _ => "the whole card".to_owned(),
+        };
+        lines.push(format!(
+            "Container {} holds {what} of card {} {model} ({}), {}.",
+            slice.container,
+            slice.card.map_or("-".into(), |c| c.to_string()),
+            slice.card_uuid.as_deref().unwrap_or("-"),
+            phase_words(&slice.phase),
+        ));
+        if !slice.nics.is_empty() {
+            lines.push(format!(
+                "Its RDMA NICs, the nearest to its cards: {}.",
+                slice.nics.join(", ")
+            ));
+        }
+        if let Some(card) = card
+            && !card.healthy
+        {
+            lines.push(format!(
+                "That card is unhealthy now ({}); the pod keeps it, and no new work goes there.",
+                card.health_reason.as_deref().unwrap_or("no reason given")
+            ));
+        }
+    }
+    if let Some(gang) = facts.gang {
+        lines.push(gang_words(gang));
+    }
+}
+
+fn pending(facts: &Facts, namespace: &str, name: &str, lines: &mut Vec<String>) {
+    let condition = facts
+        .pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| {
+            c.iter()
+                .find(|c| c.type_ == "PodScheduled" && c.status == "False")
+        });
+    match condition {
+        Some(condition) => {
+            lines.push(format!(
+                "Pod {namespace}/{name} is not placed ({}).",
+                condition.reason.as_deref().unwrap_or("Unschedulable")
+            ));
+            if let Some(message) = &condition.message {
+                lines.push(format!("The scheduler says: {message}"));
+                lines.extend(hints(message));
+            }
+        }
+        None => lines.push(format!(
+            "Pod {namespace}/{name} is not placed yet, and the scheduler has not reported on it: it is waiting for its turn or for its gang's other members."
+        )),
+    }
+    if let Some(gang) = facts.gang {
+        lines.push(gang_words(gang));
+    }
+}
+
+/// What to do about the clauses of a scheduler message a user can act on.
+fn hints(message: &str) -> Vec<String> {
+    let known = [
+        (
+            "were not labelled lj_runtimekit_enable=true",
+            "Those nodes are not GPU nodes of this project: the platform team labels them lj_runtimekit_enable=true.",
+        ),
+        (
+            "had no node agent reporting",
+            "Those nodes' agents are not reporting: check the runtimekit-node-agent pods there.",
+        ),
+        (
+            "switched off",
+            "A function the pod needs is switched off (the message names the switch): ask the platform team, or ask for something else.",
+        ),
+        (
+            "didn't match Pod's node affinity/selector",
+            "The pod's nodeSelector or affinity rules those nodes out.",
+        ),
+        (
+            "untolerated taint",
+            "Those nodes carry a taint the pod does not tolerate.",
+        ),
+        (
+            "free",
+            "The cards that could serve the request are taken: the pod is placed when capacity frees up.",
+        ),
+    ];
+    known
+        .iter()
+        .filter(|(clause, _)| message.contains(clause))
+        .map(|(_, hint)| (*hint).to_owned())
+        .collect()
+}
+
+fn gang_words(gang: &GangGroup) -> String {
+    let name = gang.metadata.name.as_deref().unwrap_or("-");
+    let Some(status) = &gang.status else {
+        return format!("It is a member of gang {name}, which has no status yet.");
+    };
+    let members = status.members.clone().unwrap_or_default();
+    let mut text = format!(
+        "It is a member of gang {name} ({} of {} bound, {} running, attempt {}, phase {}).",
+        members.bound,
+        gang.spec.min_member,
+        members.running,
+        status.attempts,
+        status
+            .phase
+            .map_or_else(|| "Waiting".into(), |p| format!("{p:?}"))
+    );
+    if let Some(placement) = &status.placement {
+        text.push_str(&format!(
+            " The gang was packed within {:?} {} ({} node(s)).",
+            placement.tier,
+            placement.group,
+            placement.nodes.len()
+        ));
+    }
+    if status.phase == Some(GangPhase::TimedOut)
+        && let Some(message) = &status.message
+    {
+        text.push_str(&format!(" Its last attempt timed out: {message}"));
+    }
+    text
+}
+
+fn phase_words(phase: &str) -> String {
+    match phase {
+        "Ready" => "ready on the node".into(),
+        "Pending" | "Reserved" | "Bound" => "waiting for the node agent".into(),
+        "Creating" => "being created by the node agent".into(),
+        other => format!("phase {other}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use runtimekit_crds::{GangGroupSpec, GangGroupStatus, GangMembers, GangPlacement, Tier};
+    use serde_json::json;
+
+    fn pod(value: serde_json::Value) -> Pod {
+        serde_json::from_value(value).expect("pod")
+    }
+
+    fn card_row() -> CardRow {
+        CardRow {
+            node: "n1".into(),
+            index: 2,
+            uuid: "GPU-2".into(),
+            model: "NVIDIA H800".into(),
+            mode: "TDM".into(),
+            core_free: Some(70),
+            memory_free_mib: Some(77_824),
+            mig_instances: Vec::new(),
+            mig_free: Vec::new(),
+            healthy: false,
+            health_reason: Some("XID 79".into()),
+            pods: vec!["ml/infer".into()],
+            position: "np-1/leaf-1".into(),
+            numa_node: None,
+            pcie_switch: None,
+            interconnect_group: None,
+        }
+    }
+
+    fn slice_row() -> SliceRow {
+        SliceRow {
+            namespace: "ml".into(),
+            pod: "infer".into(),
+            container: "app".into(),
+            node: "n1".into(),
+            card: Some(2),
+            card_uuid: Some("GPU-2".into()),
+            mode: "TDM".into(),
+            share: "30% 4Gi".into(),
+            phase: "Ready".into(),
+            gang: None,
+            nics: Vec::new(),
+            slice: "infer-0".into(),
+        }
+    }
+
+    #[test]
+    fn a_placed_pod_is_told_by_node_card_share_and_health() {
+        let pod = pod(json!({"metadata": {"name": "infer", "namespace": "ml"},
+            "spec": {"schedulerName": "lj-runtimekit-scheduler", "nodeName": "n1", "containers": []}}));
+        let cards = [card_row()];
+        let slices = [slice_row()];
+        let said = explain(&Facts {
+            pod: &pod,
+            scheduler: "lj-runtimekit-scheduler",
+            slices: &slices,
+            node_cards: &cards,
+            gang: None,
+        });
+        assert_eq!(said.verdict, "Placed");
+        assert_eq!(
+            said.lines,
+            [
+                "Pod ml/infer runs on node n1, under np-1/leaf-1 (network pod / leaf switch / HyperNode).",
+                "Container app holds a time-division share (30% 4Gi) of card 2 NVIDIA H800 (GPU-2), ready on the node.",
+                "That card is unhealthy now (XID 79); the pod keeps it, and no new work goes there.",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_pending_gang_member_is_told_the_schedulers_reason_and_what_to_do() {
+        let pod = pod(json!({"metadata": {"name": "w-0", "namespace": "ml"},
+            "spec": {"schedulerName": "lj-runtimekit-scheduler", "containers": []},
+            "status": {"conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                "message": "0/3 nodes are available: 3 node(s) were not labelled lj_runtimekit_enable=true."}]}}));
+        let mut gang = GangGroup::new(
+            "train",
+            GangGroupSpec {
+                min_member: 4,
+                timeout_seconds: 180,
+                highest_tier: Tier::NetworkPod,
+                job_set: None,
+                on_timeout: Default::default(),
+            },
+        );
+        gang.status = Some(GangGroupStatus {
+            phase: Some(GangPhase::Waiting),
+            members: Some(GangMembers {
+                seen: 4,
+                ..GangMembers::default()
+            }),
+            placement: None,
+            attempts: 2,
+            ..GangGroupStatus::default()
+        });
+        let said = explain(&Facts {
+            pod: &pod,
+            scheduler: "lj-runtimekit-scheduler",
+            slices: &[],
+            node_cards: &[],
+            gang: Some(&gang),
+        });
+        assert_eq!(said.verdict, "Pending");
+        assert_eq!(
+            said.lines,
+            [
+                "Pod ml/w-0 is not placed (Unschedulable).",
+                "The scheduler says: 0/3 nodes are available: 3 node(s) were not labelled lj_runtimekit_enable=true.",
+                "Those nodes are not GPU nodes of this project: the platform team labels them lj_runtimekit_enable=true.",
+                "It is a member of gang train (0 of 4 bound, 0 running, attempt 2, phase Waiting).",
+            ]
+        );
+        let placed = GangPlacement {
+            tier: Tier::HyperNode,
+            group: "hn-1".into(),
+            nodes: vec!["n1".into(), "n2".into()],
+        };
+        gang.status.as_mut().expect("status").placement = Some(placed);
+        assert!(
+            gang_words(&gang).ends_with("The gang was packed within HyperNode hn-1 (2 node(s)).")
+        );
+    }
+
+    #[test]
+    fn another_schedulers_pod_is_said_to_be_so() {
+        let pod = pod(json!({"metadata": {"name": "web", "namespace": "ml"},
+            "spec": {"nodeName": "n1", "containers": []}}));
+        let said = explain(&Facts {
+            pod: &pod,
+            scheduler: "lj-runtimekit-scheduler",
+            slices: &[],
+            node_cards: &[],
+            gang: None,
+        });
+        assert_eq!(said.verdict, "NotOurs");
+        assert!(
+            said.lines[0].contains("placed by default-scheduler"),
+            "{:?}",
+            said.lines
+        );
+    }
+}

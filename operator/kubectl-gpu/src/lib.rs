@@ -1,0 +1,37 @@
+//! `kubectl gpu`, a kubectl plugin reading the GPU ledger the custom resources keep:
+//!
+//! - [`cards`]: each node's cards with their mode, free compute and memory, MIG instances and
+//!   free placements, health and network position (`kubectl gpu nodes`);
+//! - [`slices`]: the slices each pod holds (`kubectl gpu pods`);
+//! - [`explain`]: why a pod is where it is, or why it is Pending, in plain words
+//!   (`kubectl gpu explain POD`);
+//! - [`table`]: kubectl-style tables.
+//!
+//! Everything here is pure: `main` lists the objects and prints what these functions return.
+
+pub mod cards;
+pub mod explain;
+pub mod slices;
+pub mod table;
+
+#[cfg(test)]
+mod tests {
+    /// The krew manifest names this binary and this crate's version, so it cannot drift.
+    #[test]
+    fn the_krew_manifest_matches_the_crate() {
+        let text = include_str!("../krew.yaml");
+        let manifest: serde_yaml::Value = serde_yaml::from_str(text).expect("YAML");
+        assert_eq!(manifest["kind"], "Plugin");
+        assert_eq!(manifest["metadata"]["name"], "gpu");
+        let version = format!("v{}", env!("CARGO_PKG_VERSION"));
+        assert_eq!(manifest["spec"]["version"].as_str(), Some(version.as_str()));
+        let platform = &manifest["spec"]["platforms"][0];
+        assert_eq!(platform["bin"], "kubectl-gpu");
+        assert!(
+            platform["uri"]
+                .as_str()
+                .is_some_and(|u| u.contains(&version) && u.ends_with(".tar.gz")),
+            "{platform:?}"
+        );
+    }
+}
