@@ -373,11 +373,17 @@ mod tests {
             .spawn()
             .expect("run");
         let pid = child.id();
-        let got = owners(
-            [pid, std::process::id()].into_iter(),
-            Path::new("/proc"),
-            &ids,
-        );
+        // Until the child has exec'd, its maps are the test's.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let mut got = BTreeMap::new();
+        while got.is_empty() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+            got = owners(
+                [pid, std::process::id()].into_iter(),
+                Path::new("/proc"),
+                &ids,
+            );
+        }
         let _ = child.kill();
         let _ = child.wait();
         let folder = got.get(&pid).map(|c| folders[*c].clone());
