@@ -144,6 +144,60 @@ async fn kubectl_gpu_tells_nodes_pods_and_why(ctx: TestContext) -> Result<()> {
         serde_yaml::from_str(&run(&["explain", "stuck", "-n", ns, "-o", "yaml"])?)?;
     ensure!(yaml["verdict"] == "Pending", "{yaml:?}");
 
+    // fit: where a pod would land, or why nowhere, and nothing is created.
+    let scratch = ctx.scratch_dir()?;
+    let manifest = |file: &str, pod: serde_json::Value| -> Result<String> {
+        let path = scratch.join(file);
+        std::fs::write(&path, serde_yaml::to_string(&pod)?)?;
+        Ok(path.to_string_lossy().into_owned())
+    };
+    let fits = manifest(
+        "fits.yaml",
+        on_node(
+            "fitted",
+            json!({"aliyun.com/gpu-core": "50", "aliyun.com/gpu-memory": "8"}),
+        ),
+    )?;
+    let fit = run(&["fit", "-f", &fits, "-n", ns])?;
+    ensure!(
+        fit.contains(&format!(
+            "would land on node {node}, under networkpod-np-9/leafswitch-leaf-9"
+        )) && fit.contains("as a time-division share (50% 8Gi)")
+            && fit.contains("Nothing was created"),
+        "{fit}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&run(&["fit", "-f", &fits, "-n", ns, "-o", "json"])?)?;
+    ensure!(
+        json["fits"] == true && json["node"] == node.as_str(),
+        "{json}"
+    );
+    ensure!(
+        ctx.api::<Pod>().get_opt("fitted").await?.is_none(),
+        "fit created the pod"
+    );
+    let mut nowhere = gpu_pod("nowhere", json!({"aliyun.com/gpu": "1"}));
+    nowhere["spec"]["nodeSelector"] = json!({"pool": "nowhere"});
+    let nowhere = manifest("nowhere.yaml", nowhere)?;
+    let fit = run(&["fit", "-f", &nowhere, "-n", ns])?;
+    ensure!(
+        fit.contains("would not be placed now")
+            && fit.contains("The scheduler would say: 0/")
+            && fit.contains("didn't match Pod's node affinity/selector"),
+        "{fit}"
+    );
+    let broken = manifest(
+        "broken.yaml",
+        gpu_pod("broken", json!({"aliyun.com/gpu-core": "150"})),
+    )?;
+    let refused = run(&["fit", "-f", &broken, "-n", ns]);
+    ensure!(
+        refused
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains("breaks the resource contract")),
+        "{refused:?}"
+    );
+
     // Real kubectl finds it as a plugin on PATH: `kubectl gpu ...`.
     let kubectl = runtimekit_e2e::tools::Tools::ensure()?.kubectl();
     let dir = binary.parent().context("the plugin's folder")?;

@@ -99,14 +99,14 @@ fn placed(facts: &Facts, namespace: &str, name: &str, node: &str, lines: &mut Ve
             .node_cards
             .iter()
             .find(|c| Some(c.index) == slice.card);
-        let model = card.map_or("", |c| c.model.as_str());
+        let model = card.map_or_else(String::new, |c| format!(" {}", c.model));
         let what = match slice.mode.as_str() {
             "TDM" => format!("a time-division share ({})", slice.share),
             "MIG" => format!("the MIG instance {}", slice.share),
             _ => "the whole card".to_owned(),
         };
         lines.push(format!(
-            "Container {} holds {what} of card {} {model} ({}), {}.",
+            "Container {} holds {what} of card {}{model} ({}), {}.",
             slice.container,
             slice.card.map_or("-".into(), |c| c.to_string()),
             slice.card_uuid.as_deref().unwrap_or("-"),
@@ -163,7 +163,7 @@ fn pending(facts: &Facts, namespace: &str, name: &str, lines: &mut Vec<String>) 
 }
 
 /// What to do about the clauses of a scheduler message a user can act on.
-fn hints(message: &str) -> Vec<String> {
+pub fn hints(message: &str) -> Vec<String> {
     let known = [
         (
             "were not labelled lj_runtimekit_enable=true",

@@ -5,12 +5,15 @@
 //! - [`slices`]: the slices each pod holds (`kubectl gpu pods`);
 //! - [`explain`]: why a pod is where it is, or why it is Pending, in plain words
 //!   (`kubectl gpu explain POD`);
+//! - [`fit`]: where a pod would land now and why, or why nowhere, without creating it
+//!   (`kubectl gpu fit -f POD.yaml`: the placement engine over the cluster as listed);
 //! - [`table`]: kubectl-style tables.
 //!
 //! Everything here is pure: `main` lists the objects and prints what these functions return.
 
 pub mod cards;
 pub mod explain;
+pub mod fit;
 pub mod slices;
 pub mod table;
 

@@ -4,18 +4,23 @@
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use k8s_openapi::jiff::Timestamp;
 use kube::api::ListParams;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
 use runtimekit_contract::config::{DEFAULT_SCHEDULER_NAME, JOBSET_NAME_LABEL};
+use runtimekit_contract::{RuntimeKitConfig, parse_pod};
 use runtimekit_crds::{GangGroup, GpuSlice, TopologyGroup};
 use runtimekit_kubectl_gpu::cards::{self, CardRow};
 use runtimekit_kubectl_gpu::explain::{Facts, explain};
+use runtimekit_kubectl_gpu::fit::{self, Fit};
 use runtimekit_kubectl_gpu::slices::{self, SliceRow};
 use runtimekit_kubectl_gpu::table::{list, or_dash, render};
+use runtimekit_placement::PodInput;
+use runtimekit_placement::snapshot::{Listed, cluster_from};
 use serde::Serialize;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 #[derive(Parser, Debug)]
@@ -59,6 +64,16 @@ enum Command {
     Explain {
         /// The pod.
         pod: String,
+    },
+    /// Where a pod would land now and why, or why nowhere, without creating it.
+    Fit {
+        /// The pod's manifest (YAML or JSON; `-` for stdin).
+        #[arg(short = 'f', long)]
+        filename: PathBuf,
+        /// The ConfigMap holding the shared configuration (`namespace/name`), read when the
+        /// caller may; the defaults otherwise.
+        #[arg(long, default_value = "runtimekit-system/runtimekit-config")]
+        config_map: String,
     },
 }
 
@@ -153,13 +168,101 @@ async fn run(cli: Cli) -> Result<String> {
                 node_cards: &node_cards,
                 gang: gang.as_ref(),
             });
-            match cli.output {
-                Some(Output::Json) => Ok(serde_json::to_string_pretty(&explanation)? + "\n"),
-                Some(Output::Yaml) => Ok(serde_yaml::to_string(&explanation)?),
-                _ => Ok(explanation.lines.join("\n") + "\n"),
-            }
+            sentences(cli.output, &explanation, &explanation.lines)
+        }
+        Command::Fit {
+            filename,
+            config_map,
+        } => {
+            let fit = fit_pod(&client, &filename, &config_map, &namespace).await?;
+            sentences(cli.output, &fit, &fit.lines)
         }
     }
+}
+
+/// An answer as JSON or YAML, or as its sentences.
+fn sentences<T: Serialize>(output: Option<Output>, answer: &T, lines: &[String]) -> Result<String> {
+    match output {
+        Some(Output::Json) => Ok(serde_json::to_string_pretty(answer)? + "\n"),
+        Some(Output::Yaml) => Ok(serde_yaml::to_string(answer)?),
+        _ => Ok(lines.join("\n") + "\n"),
+    }
+}
+
+/// The shared configuration from `config_map` (`namespace/name`), or the defaults when the
+/// caller may not read it or it is not there.
+async fn shared_config(client: &Client, config_map: &str) -> Result<RuntimeKitConfig> {
+    let (namespace, name) = config_map
+        .split_once('/')
+        .with_context(|| format!("--config-map {config_map:?} is not namespace/name"))?;
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+    let Ok(Some(map)) = api.get_opt(name).await else {
+        eprintln!("note: {config_map} cannot be read; using the default configuration");
+        return Ok(RuntimeKitConfig::default());
+    };
+    let text = map
+        .data
+        .and_then(|d| d.get("config.yaml").cloned())
+        .unwrap_or_default();
+    serde_yaml::from_str(&text).with_context(|| format!("{config_map}: config.yaml"))
+}
+
+/// Places the pod of `filename` on the cluster as listed now, creating nothing.
+async fn fit_pod(
+    client: &Client,
+    filename: &Path,
+    config_map: &str,
+    namespace: &str,
+) -> Result<Fit> {
+    let text = if filename == Path::new("-") {
+        std::io::read_to_string(std::io::stdin())?
+    } else {
+        std::fs::read_to_string(filename).with_context(|| format!("{}", filename.display()))?
+    };
+    let mut pod: Pod = serde_yaml::from_str(&text).context("the manifest is not a Pod")?;
+    let namespace = pod
+        .metadata
+        .namespace
+        .get_or_insert_with(|| namespace.to_owned())
+        .clone();
+    pod.metadata
+        .uid
+        .get_or_insert_with(|| "kubectl-gpu-fit".to_owned());
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let config = shared_config(client, config_map).await?;
+    let request = parse_pod(&pod, &config)
+        .map_err(|e| anyhow::anyhow!("the pod breaks the resource contract: {e}"))?;
+    let input = PodInput::from_pod(&pod, &request, &config.names())?;
+    let nodes = Api::<Node>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .context("listing Nodes")?
+        .items;
+    let pods = Api::<Pod>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .context("listing Pods")?
+        .items;
+    let groups = groups(client).await?;
+    let slices = all_slices(client).await?;
+    let listed = Listed {
+        nodes: &nodes,
+        groups: &groups,
+        slices: &slices,
+        pods: &pods,
+    };
+    let (cluster, skipped) = cluster_from(&config, listed, Timestamp::now());
+    for line in skipped {
+        eprintln!("note: left out: {line}");
+    }
+    let decided = cluster.decide(&input).map_err(|e| e.to_string());
+    Ok(fit::answer(
+        &namespace,
+        &name,
+        decided.as_ref().map_err(Clone::clone),
+        &cards::rows(&groups, &slices),
+        request.gang.as_ref().map(|g| g.name.as_str()),
+    ))
 }
 
 /// The gang a pod names: its gang-name label, else its JobSet's.

@@ -93,11 +93,12 @@ pub mod objects;
 mod place;
 mod quantity;
 mod reason;
+pub mod snapshot;
 mod state;
 #[cfg(test)]
 mod tests;
 
 pub use cluster::{CardView, Cluster, CommitError};
-pub use convert::{ConvertError, NodeDevices};
+pub use convert::{ConvertError, NodeDevices, format_memory};
 pub use model::*;
 pub use reason::{CardProblem, GangShortfall, GroupCapacity, Reason, ReasonCount, Unschedulable};

@@ -9,8 +9,9 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use runtimekit_crds::{CardHealth, CardStatus, NicStatus, Tier, TopologyCapacity, TopologyGroup};
 use runtimekit_placement as placement;
+pub use runtimekit_placement::snapshot::AGENT_STALE_AFTER;
+use runtimekit_placement::snapshot::{agent_fresh as fresh, outside_holder, outside_holds};
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::Duration;
 
 impl Feed for TopologyGroup {
     const KIND: &'static str = "TopologyGroup";
@@ -27,10 +28,6 @@ impl Feed for TopologyGroup {
         state.group_names()
     }
 }
-
-/// How long a node agent may go without a heartbeat before its cards are withheld.
-/// Agents heartbeat every 30 s by default, so this is three missed beats.
-pub const AGENT_STALE_AFTER: Duration = Duration::from_secs(90);
 
 /// A node-tier TopologyGroup, as far as the state needs it.
 #[derive(Debug, Clone)]
@@ -76,18 +73,6 @@ fn devices_hash(cards: &[CardStatus], nics: &[NicStatus]) -> u64 {
     hasher.finish()
 }
 
-/// Whether an agent whose last heartbeat is `heartbeat` still reports at `now`.
-fn fresh(heartbeat: Option<Timestamp>, now: Timestamp) -> bool {
-    let stale_after = i64::try_from(AGENT_STALE_AFTER.as_secs()).unwrap_or(i64::MAX);
-    heartbeat.is_some_and(|t| now.as_second().saturating_sub(t.as_second()) <= stale_after)
-}
-
-/// The engine's name for whatever holds a node's cards outside the runtimekit scheduler: one
-/// holder per node, with one whole-card hold per card its agent reports held.
-fn outside_holder(node: &str) -> String {
-    format!("outside-the-scheduler:{node}")
-}
-
 impl State {
     /// Holds, whole, the cards of `node` its agent reports given whole to pods of another
     /// scheduler, so no decision picks them; cards no longer held are released.
@@ -96,16 +81,8 @@ impl State {
         if self.engine.release(&holder) {
             self.capacity_freed = true;
         }
-        for card in cards.iter().filter(|c| !c.held_by.is_empty()) {
-            self.engine.upsert_slice(placement::SliceInput {
-                pod_uid: holder.clone(),
-                container: "held-whole".into(),
-                replica: card.index,
-                node: node.to_owned(),
-                card_index: card.index,
-                card_uuid: card.uuid.clone(),
-                share: placement::Share::Whole,
-            });
+        for hold in outside_holds(node, cards) {
+            self.engine.upsert_slice(hold);
         }
     }
 
