@@ -179,7 +179,7 @@ mod tests {
     #[test]
     fn a_stale_heartbeat_withholds_the_nodes_cards() {
         let now = Timestamp::now();
-        let stale = now - std::time::Duration::from_secs(AGENT_STALE_AFTER.as_secs() + 5);
+        let stale = now - Duration::from_secs(AGENT_STALE_AFTER.as_secs() + 5);
         let (nodes, groups, pods) = objects(stale);
         let listed = Listed {
             nodes: &nodes,
