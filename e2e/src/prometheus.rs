@@ -108,6 +108,11 @@ impl Prometheus {
         Ok(body["data"].clone())
     }
 
+    /// Where it serves its HTTP API.
+    pub fn address(&self) -> SocketAddr {
+        self.address
+    }
+
     /// The series an instant PromQL query returns.
     pub fn query(&self, promql: &str) -> Result<Vec<Value>> {
         let data = self.api(&format!("/api/v1/query?query={}", url_encode(promql)))?;

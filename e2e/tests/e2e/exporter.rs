@@ -147,6 +147,32 @@ async fn scraped(
         .await?;
     ensure!(limit == json!("4096"), "the pod's limit: {limit}");
 
+    // `kubectl gpu pods --prometheus` puts the pod's use beside its slice.
+    let plugin = runtimekit_e2e::workspace_binary::workspace_binary(
+        "runtimekit-kubectl-gpu",
+        "kubectl-gpu",
+    )?;
+    let kubeconfig = ctx.kubeconfig_for("plugin-exporter", &["system:masters"])?;
+    let output = std::process::Command::new(plugin)
+        .env("KUBECONFIG", &kubeconfig)
+        .args(["pods", "-n", &ctx.namespace, "--prometheus"])
+        .arg(format!("http://{}", prometheus.address()))
+        .output()?;
+    let table = String::from_utf8_lossy(&output.stdout);
+    let header = table.lines().next().unwrap_or_default();
+    let row = table
+        .lines()
+        .find(|l| l.contains(" tdm "))
+        .unwrap_or_default();
+    ensure!(
+        output.status.success()
+            && header.ends_with("SM USED   MEM USED")
+            && row.ends_with("Mi")
+            && !row.ends_with("-"),
+        "kubectl gpu pods --prometheus: {table}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+
     // Each agent's cards under its own node, and the pod's series only from the node it is on.
     let per_node = prometheus.query("count by (NodeName) (DCGM_FI_DEV_GPU_TEMP)")?;
     let mut counted: Vec<(String, String)> = per_node

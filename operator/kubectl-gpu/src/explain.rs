@@ -270,20 +270,7 @@ mod tests {
     }
 
     fn slice_row() -> SliceRow {
-        SliceRow {
-            namespace: "ml".into(),
-            pod: "infer".into(),
-            container: "app".into(),
-            node: "n1".into(),
-            card: Some(2),
-            card_uuid: Some("GPU-2".into()),
-            mode: "TDM".into(),
-            share: "30% 4Gi".into(),
-            phase: "Ready".into(),
-            gang: None,
-            nics: Vec::new(),
-            slice: "infer-0".into(),
-        }
+        crate::slices::tests::row("infer", 2)
     }
 
     #[test]

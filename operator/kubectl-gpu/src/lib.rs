@@ -7,7 +7,8 @@
 //!   (`kubectl gpu explain POD`);
 //! - [`fit`]: where a pod would land now and why, or why nowhere, without creating it
 //!   (`kubectl gpu fit -f POD.yaml`: the placement engine over the cluster as listed);
-//! - [`table`]: kubectl-style tables.
+//! - [`table`]: kubectl-style tables;
+//! - [`usage`]: what each slice's container uses now, from a Prometheus scraping the exporters.
 //!
 //! Everything here is pure: `main` lists the objects and prints what these functions return.
 
@@ -16,6 +17,7 @@ pub mod explain;
 pub mod fit;
 pub mod slices;
 pub mod table;
+pub mod usage;
 
 #[cfg(test)]
 mod tests {

@@ -17,6 +17,7 @@ use runtimekit_kubectl_gpu::explain::{Facts, explain};
 use runtimekit_kubectl_gpu::fit::{self, Fit};
 use runtimekit_kubectl_gpu::slices::{self, SliceRow};
 use runtimekit_kubectl_gpu::table::{list, or_dash, render};
+use runtimekit_kubectl_gpu::usage;
 use runtimekit_placement::PodInput;
 use runtimekit_placement::snapshot::{Listed, cluster_from};
 use serde::Serialize;
@@ -59,6 +60,10 @@ enum Command {
         /// Every namespace.
         #[arg(short = 'A', long)]
         all_namespaces: bool,
+        /// A Prometheus that scrapes the node agents' exporters (`http://host:port`, for
+        /// example through `kubectl port-forward`): each slice's use now is shown beside it.
+        #[arg(long)]
+        prometheus: Option<String>,
     },
     /// Why a pod is where it is, or why it is Pending, in plain words.
     Explain {
@@ -122,14 +127,30 @@ async fn run(cli: Cli) -> Result<String> {
             let rows = cards::rows(&groups(&client).await?, &all_slices(&client).await?);
             show(cli.output, &rows, nodes_table)
         }
-        Command::Pods { all_namespaces } => {
+        Command::Pods {
+            all_namespaces,
+            prometheus,
+        } => {
             let slices = if all_namespaces {
                 all_slices(&client).await?
             } else {
                 let api: Api<GpuSlice> = Api::namespaced(client.clone(), &namespace);
                 api.list(&ListParams::default()).await?.items
             };
-            show(cli.output, &slices::rows(&slices), pods_table)
+            let mut rows = slices::rows(&slices);
+            if let Some(prometheus) = &prometheus {
+                let sm = usage::samples(&query(prometheus, usage::SM_UTIL).await?)
+                    .map_err(|e| anyhow::anyhow!("{prometheus}: {e}"))?;
+                let memory = usage::samples(&query(prometheus, usage::FB_USED).await?)
+                    .map_err(|e| anyhow::anyhow!("{prometheus}: {e}"))?;
+                usage::attach(&mut rows, &sm, &memory);
+            }
+            let table = if prometheus.is_some() {
+                pods_table_with_usage
+            } else {
+                pods_table
+            };
+            show(cli.output, &rows, table)
         }
         Command::Explain { pod } => {
             let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
@@ -178,6 +199,32 @@ async fn run(cli: Cli) -> Result<String> {
             sentences(cli.output, &fit, &fit.lines)
         }
     }
+}
+
+/// Prometheus' answer to the instant query of the metric family `family`.
+async fn query(prometheus: &str, family: &str) -> Result<String> {
+    let url = format!(
+        "{}/api/v1/query?query={family}",
+        prometheus.trim_end_matches('/')
+    );
+    let uri: http::Uri = url
+        .parse()
+        .with_context(|| format!("--prometheus {prometheus:?} is not a URL"))?;
+    anyhow::ensure!(
+        uri.scheme_str() == Some("http"),
+        "--prometheus {prometheus:?}: only http:// is read (port-forward to reach a TLS one)"
+    );
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Empty<bytes::Bytes>>();
+    let response = tokio::time::timeout(std::time::Duration::from_secs(10), client.get(uri))
+        .await
+        .with_context(|| format!("{prometheus} did not answer within 10 s"))?
+        .with_context(|| format!("asking {prometheus}"))?;
+    let body = http_body_util::BodyExt::collect(response.into_body())
+        .await
+        .with_context(|| format!("reading {prometheus}'s answer"))?
+        .to_bytes();
+    Ok(String::from_utf8_lossy(&body).into_owned())
 }
 
 /// An answer as JSON or YAML, or as its sentences.
@@ -356,7 +403,27 @@ fn nodes_table(rows: &[CardRow], wide: bool) -> String {
     render(&headers, &cells)
 }
 
+/// [`pods_table`] with each slice's use now.
+fn pods_table_with_usage(rows: &[SliceRow], wide: bool) -> String {
+    let used = |value: Option<f64>, unit: &str| {
+        value.map_or_else(|| "-".into(), |v| format!("{v:.0}{unit}"))
+    };
+    let mut table = pods_cells(rows, wide);
+    table.0.extend(["SM USED", "MEM USED"]);
+    for (cells, row) in table.1.iter_mut().zip(rows) {
+        cells.push(used(row.sm_used_percent, "%"));
+        cells.push(used(row.memory_used_mib, "Mi"));
+    }
+    render(&table.0, &table.1)
+}
+
 fn pods_table(rows: &[SliceRow], wide: bool) -> String {
+    let (headers, cells) = pods_cells(rows, wide);
+    render(&headers, &cells)
+}
+
+/// The headers and cells of the pods table.
+fn pods_cells(rows: &[SliceRow], wide: bool) -> (Vec<&'static str>, Vec<Vec<String>>) {
     let mut headers = vec![
         "NAMESPACE",
         "POD",
@@ -395,5 +462,5 @@ fn pods_table(rows: &[SliceRow], wide: bool) -> String {
             cells
         })
         .collect();
-    render(&headers, &cells)
+    (headers, cells)
 }

@@ -4,7 +4,7 @@ use runtimekit_crds::{GpuSlice, SliceMode};
 use serde::Serialize;
 
 /// One card a pod's container holds.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct SliceRow {
     pub namespace: String,
@@ -23,6 +23,12 @@ pub struct SliceRow {
     pub nics: Vec<String>,
     /// The slice object's name, for `kubectl describe gpuslice`.
     pub slice: String,
+    /// SM time the container uses on the card now, percent (with `--prometheus`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sm_used_percent: Option<f64>,
+    /// Card memory the container uses now, MiB (with `--prometheus`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_used_mib: Option<f64>,
 }
 
 /// A row per slice, by namespace, pod, container and replica.
@@ -73,6 +79,8 @@ fn row(slice: &GpuSlice) -> SliceRow {
         gang: spec.gang.clone(),
         nics: spec.nics.clone(),
         slice: slice.metadata.name.clone().unwrap_or_default(),
+        sm_used_percent: None,
+        memory_used_mib: None,
     }
 }
 
@@ -87,9 +95,29 @@ pub fn tdm_share(core: Option<u32>, memory: Option<&str>) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use runtimekit_crds::{CardRef, GpuSliceSpec, GpuSliceStatus, PodRef, SlicePhase};
+
+    /// A TDM row of pod `pod` in `ml` on card `card`.
+    pub(crate) fn row(pod: &str, card: u32) -> SliceRow {
+        SliceRow {
+            namespace: "ml".into(),
+            pod: pod.into(),
+            container: "app".into(),
+            node: "n1".into(),
+            card: Some(card),
+            card_uuid: Some(format!("GPU-{card}")),
+            mode: "TDM".into(),
+            share: "30% 4Gi".into(),
+            phase: "Ready".into(),
+            gang: None,
+            nics: Vec::new(),
+            slice: format!("{pod}-0"),
+            sm_used_percent: None,
+            memory_used_mib: None,
+        }
+    }
 
     #[test]
     fn each_slice_reads_as_what_it_is() {
