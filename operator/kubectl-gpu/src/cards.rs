@@ -170,6 +170,14 @@ fn free_profiles(table: &MigTable, instances: &[(String, u32)]) -> Vec<String> {
         .collect()
 }
 
+/// The network position of `node` among `rows`, when it has one.
+pub fn position_of<'a>(rows: &'a [CardRow], node: &str) -> Option<&'a str> {
+    rows.iter()
+        .find(|c| c.node == node)
+        .map(|c| c.position.as_str())
+        .filter(|p| *p != "-")
+}
+
 /// A node group's ancestors, widest first (`np-1/leaf-3/hn-7`), or `-` when it has none.
 fn position(group: &TopologyGroup, by_name: &BTreeMap<String, &TopologyGroup>) -> String {
     let mut chain = Vec::new();

@@ -2,8 +2,8 @@
 //! scheduler, its `PodScheduled` condition), the slices it holds, its gang's status and the
 //! network position of its node.
 
-use crate::cards::CardRow;
-use crate::slices::SliceRow;
+use crate::cards::{CardRow, position_of};
+use crate::slices::{SliceRow, nics_sentence, share_phrase};
 use k8s_openapi::api::core::v1::Pod;
 use runtimekit_crds::{GangGroup, GangPhase};
 use serde::Serialize;
@@ -80,12 +80,7 @@ pub fn explain(facts: &Facts) -> Explanation {
 }
 
 fn placed(facts: &Facts, namespace: &str, name: &str, node: &str, lines: &mut Vec<String>) {
-    let position = facts
-        .node_cards
-        .first()
-        .map(|c| c.position.as_str())
-        .filter(|p| *p != "-");
-    lines.push(match position {
+    lines.push(match position_of(facts.node_cards, node) {
         Some(position) => format!(
             "Pod {namespace}/{name} runs on node {node}, under {position} (network pod / leaf switch / HyperNode)."
         ),
@@ -100,11 +95,7 @@ fn placed(facts: &Facts, namespace: &str, name: &str, node: &str, lines: &mut Ve
             .iter()
             .find(|c| Some(c.index) == slice.card);
         let model = card.map_or_else(String::new, |c| format!(" {}", c.model));
-        let what = match slice.mode.as_str() {
-            "TDM" => format!("a time-division share ({})", slice.share),
-            "MIG" => format!("the MIG instance {}", slice.share),
-            _ => "the whole card".to_owned(),
-        };
+        let what = share_phrase(&slice.mode, &slice.share);
         lines.push(format!(
             "Container {} holds {what} of card {}{model} ({}), {}.",
             slice.container,
@@ -113,10 +104,7 @@ fn placed(facts: &Facts, namespace: &str, name: &str, node: &str, lines: &mut Ve
             phase_words(&slice.phase),
         ));
         if !slice.nics.is_empty() {
-            lines.push(format!(
-                "Its RDMA NICs, the nearest to its cards: {}.",
-                slice.nics.join(", ")
-            ));
+            lines.push(nics_sentence(&slice.nics));
         }
         if let Some(card) = card
             && !card.healthy

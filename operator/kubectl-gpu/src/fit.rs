@@ -1,10 +1,10 @@
 //! Where a pod would land now, and why, or why nowhere: the placement engine's answer for a pod
 //! that is not created, over the cluster as listed (see `runtimekit_placement::snapshot`).
 
-use crate::cards::CardRow;
+use crate::cards::{CardRow, position_of};
 use crate::explain::hints;
-use crate::slices::tdm_share;
-use runtimekit_placement::{Decision, Locality, Share, format_memory};
+use crate::slices::{mode_and_share, nics_sentence, share_phrase};
+use runtimekit_placement::{Decision, Locality};
 use serde::Serialize;
 
 /// What `kubectl gpu fit` says.
@@ -70,20 +70,17 @@ pub fn answer(
         }
     };
     let node = &decision.node;
-    let position = cards
-        .iter()
-        .find(|c| &c.node == node)
-        .map(|c| c.position.as_str())
-        .filter(|p| *p != "-");
     lines.insert(
         0,
-        match position {
+        match position_of(cards, node) {
             Some(position) => format!(
                 "Pod {namespace}/{name} would land on node {node}, under {position}. Nothing was created."
             ),
             None => format!("Pod {namespace}/{name} would land on node {node}. Nothing was created."),
         },
     );
+    // The GpuSlices the decision would write, in the same order as its cards.
+    let mut specs = decision.gpu_slices(namespace, name).into_iter();
     let mut fitted = Vec::new();
     for container in &decision.containers {
         for card in &container.cards {
@@ -91,7 +88,10 @@ pub fn answer(
                 .iter()
                 .find(|c| &c.node == node && c.index == card.index)
                 .map_or_else(String::new, |c| format!(" {}", c.model));
-            let share = share_words(&card.share);
+            let share = specs.next().map_or_else(String::new, |spec| {
+                let (mode, share) = mode_and_share(&spec);
+                share_phrase(mode, &share)
+            });
             lines.push(format!(
                 "Container {}: card {}{model} ({}) as {share}.",
                 container.container, card.index, card.uuid
@@ -110,10 +110,7 @@ pub fn answer(
             ));
         }
         if !container.nics.is_empty() {
-            lines.push(format!(
-                "Its RDMA NICs, the nearest to its cards: {}.",
-                container.nics.join(", ")
-            ));
+            lines.push(nics_sentence(&container.nics));
         }
     }
     Fit {
@@ -123,20 +120,6 @@ pub fn answer(
         node: Some(node.clone()),
         cards: fitted,
         lines,
-    }
-}
-
-fn share_words(share: &Share) -> String {
-    match share {
-        Share::Whole => "the whole card".into(),
-        Share::Tdm { core, memory_mib } => format!(
-            "a time-division share ({})",
-            tdm_share(
-                core.map(u32::from),
-                memory_mib.map(format_memory).as_deref()
-            )
-        ),
-        Share::Mig { profile, start, .. } => format!("the MIG instance {profile}@{start}"),
     }
 }
 
@@ -155,7 +138,7 @@ fn locality_words(locality: &Locality) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use runtimekit_placement::{CardPlacement, ContainerPlacement, Resources};
+    use runtimekit_placement::{CardPlacement, ContainerPlacement, Resources, Share};
 
     #[test]
     fn a_fit_names_node_cards_and_locality_and_a_miss_the_reasons() {

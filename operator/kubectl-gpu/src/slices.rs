@@ -1,6 +1,6 @@
 //! The slices each pod holds, one row per card of a container.
 
-use runtimekit_crds::{GpuSlice, SliceMode};
+use runtimekit_crds::{GpuSlice, GpuSliceSpec, SliceMode};
 use serde::Serialize;
 
 /// One card a pod's container holds.
@@ -48,9 +48,10 @@ pub fn rows(slices: &[GpuSlice]) -> Vec<SliceRow> {
     sorted.into_iter().map(row).collect()
 }
 
-fn row(slice: &GpuSlice) -> SliceRow {
-    let spec = &slice.spec;
-    let (mode, share) = match spec.mode {
+/// A slice's mode (`Whole`, `TDM`, `MIG`) and what of the card it is (`30% 4Gi`, `3g.40gb@4`,
+/// `whole card`).
+pub fn mode_and_share(spec: &GpuSliceSpec) -> (&'static str, String) {
+    match spec.mode {
         SliceMode::Whole => ("Whole", "whole card".to_owned()),
         SliceMode::Tdm => ("TDM", tdm_share(spec.core, spec.memory.as_deref())),
         SliceMode::Mig => (
@@ -61,7 +62,29 @@ fn row(slice: &GpuSlice) -> SliceRow {
                 _ => format!("{} slices", spec.slices.unwrap_or(0)),
             },
         ),
-    };
+    }
+}
+
+/// What a container holds of a card, in words, from a row's mode and share.
+pub fn share_phrase(mode: &str, share: &str) -> String {
+    match mode {
+        "TDM" => format!("a time-division share ({share})"),
+        "MIG" => format!("the MIG instance {share}"),
+        _ => "the whole card".to_owned(),
+    }
+}
+
+/// The sentence naming a container's RDMA NICs.
+pub fn nics_sentence(nics: &[String]) -> String {
+    format!(
+        "Its RDMA NICs, the nearest to its cards: {}.",
+        nics.join(", ")
+    )
+}
+
+fn row(slice: &GpuSlice) -> SliceRow {
+    let spec = &slice.spec;
+    let (mode, share) = mode_and_share(spec);
     SliceRow {
         namespace: spec.pod.namespace.clone(),
         pod: spec.pod.name.clone(),

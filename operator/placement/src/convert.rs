@@ -492,8 +492,8 @@ const MODE_WHOLE: &str = "Whole";
 const MODE_TDM: &str = "TDM";
 const MODE_MIG: &str = "MIG";
 
-/// MiB as `<n>Gi` when whole, else `<n>Mi` (as GpuSlices and allocations write memory).
-pub fn format_memory(mib: u64) -> String {
+/// MiB as `<n>Gi` when whole, else `<n>Mi`.
+fn format_memory(mib: u64) -> String {
     if mib.is_multiple_of(1024) {
         format!("{}Gi", mib / 1024)
     } else {

@@ -99,6 +99,6 @@ mod state;
 mod tests;
 
 pub use cluster::{CardView, Cluster, CommitError};
-pub use convert::{ConvertError, NodeDevices, format_memory};
+pub use convert::{ConvertError, NodeDevices};
 pub use model::*;
 pub use reason::{CardProblem, GangShortfall, GroupCapacity, Reason, ReasonCount, Unschedulable};
