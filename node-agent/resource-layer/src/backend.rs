@@ -40,6 +40,12 @@ pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
         include_processes: bool,
     ) -> Result<pb::GetDeviceMetricsResponse, LayerError>;
 
+    /// Each card's busy time and its processes' SM utilisation: what the compute meter reads
+    /// every second. Backends whose full readings cost more answer it with less.
+    fn process_metrics(&self) -> Result<pb::GetDeviceMetricsResponse, LayerError> {
+        self.device_metrics(&[], true)
+    }
+
     /// Instance metrics (every keyed instance when `keys` is empty).
     fn instance_metrics(
         &self,

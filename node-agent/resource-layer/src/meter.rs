@@ -68,7 +68,7 @@ pub fn measure_once(backend: &dyn Backend, options: &MeterOptions, sequence: u64
     if folders.is_empty() {
         return 0;
     }
-    let devices = match backend.device_metrics(&[], true) {
+    let devices = match backend.process_metrics() {
         Ok(answer) => answer.devices,
         Err(error) => {
             tracing::warn!(%error, "compute meter: the cards' processes cannot be read");

@@ -137,6 +137,17 @@ fn metrics_read_the_card_and_its_processes() {
     assert_eq!(m.processes[0].name, "python");
     assert_eq!(m.processes[0].used_memory_mib, Some(4_096));
     assert_eq!(m.processes[0].sm_util_percent, Some(37));
+
+    // What the compute meter reads every second: the processes and busy time, nothing else.
+    let metered = backend.process_metrics().expect("process metrics");
+    let p = &metered.devices[0];
+    assert_eq!(p.device_uuid, m.device_uuid);
+    assert_eq!(
+        (p.gpu_temp_c, p.power_usage_w, p.fb_used_mib),
+        (None, None, None)
+    );
+    assert_eq!(p.gpu_util_percent, m.gpu_util_percent);
+    assert_eq!(p.processes, m.processes);
 }
 
 /// The errors of a listing, as (card, reason).

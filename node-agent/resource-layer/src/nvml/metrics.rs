@@ -371,12 +371,41 @@ impl Shared {
     ) -> Result<pb::GetDeviceMetricsResponse, LayerError> {
         let selected = select_devices(devices, self.count)?;
         let mut gpm = self.gpm_ratios(&selected);
+        Ok(self.each_card(selected, |dev, index| {
+            self.metrics(dev, index, include_processes, gpm.remove(&index))
+        }))
+    }
+
+    /// Each card's busy time and its processes, and no other reading: what the compute meter
+    /// asks for every second.
+    pub(super) fn process_metrics(&self) -> Result<pb::GetDeviceMetricsResponse, LayerError> {
+        let selected = select_devices(&[], self.count)?;
+        Ok(self.each_card(selected, |dev, index| {
+            let uuid = self.uuid_of(index);
+            pb::DeviceMetrics {
+                device_index: index,
+                timestamp_unix_ms: self.clock.now_ms(),
+                gpu_util_percent: dev.utilization_rates().ok().map(|u| u.gpu),
+                processes: self.processes(dev, index, &uuid),
+                device_uuid: uuid,
+                ..pb::DeviceMetrics::default()
+            }
+        }))
+    }
+
+    /// `read` of each of `selected`, under the hang watch; a card that cannot be read is listed
+    /// under `errors` (and marked lost when it is).
+    fn each_card(
+        &self,
+        selected: Vec<u32>,
+        mut read: impl FnMut(&Device<'_>, u32) -> pb::DeviceMetrics,
+    ) -> pb::GetDeviceMetricsResponse {
         let mut response = pb::GetDeviceMetricsResponse::default();
         for index in selected {
             let uuid = self.uuid_of(index);
             let read = self.watch.call(index, &uuid, || -> Result<_, LayerError> {
                 let dev = self.dev(index)?;
-                Ok(self.metrics(&dev, index, include_processes, gpm.remove(&index)))
+                Ok(read(&dev, index))
             });
             match read {
                 Ok(metrics) => response.devices.push(metrics),
@@ -388,7 +417,7 @@ impl Shared {
                 }
             }
         }
-        Ok(response)
+        response
     }
 
     /// The metrics of the keyed instances (all when `keys` is empty); a card that cannot be

@@ -393,6 +393,10 @@ impl Backend for NvmlBackend {
         self.shared.device_metrics(devices, include_processes)
     }
 
+    fn process_metrics(&self) -> Result<pb::GetDeviceMetricsResponse, LayerError> {
+        self.shared.process_metrics()
+    }
+
     fn instance_metrics(
         &self,
         keys: &[String],
