@@ -11,7 +11,7 @@
 use crate::backend::Backend;
 use runtimekit_isolation_files::{self as files, Share};
 use runtimekit_proto::resource::v1alpha1 as pb;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -76,10 +76,12 @@ pub fn measure_once(backend: &dyn Backend, options: &MeterOptions, sequence: u64
         }
     };
     let ids: Vec<FileId> = folders.keys().copied().collect();
-    let pids = devices
+    // A process on several cards is looked up once.
+    let pids: BTreeSet<u32> = devices
         .iter()
-        .flat_map(|d| d.processes.iter().map(|p| p.pid));
-    let owner_of_pid = owners(pids, &options.proc_root, &ids);
+        .flat_map(|d| d.processes.iter().map(|p| p.pid))
+        .collect();
+    let owner_of_pid = owners(pids.into_iter(), &options.proc_root, &ids);
     let measured = shares(&devices, &owner_of_pid, ids.len(), sequence);
     let mut written = 0;
     for (folder, lines) in folders.values().zip(measured) {
