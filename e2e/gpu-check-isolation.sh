@@ -38,8 +38,8 @@ say() { echo "gpu-check-isolation: $*"; }
 fail() { echo "gpu-check-isolation: FAIL: $*"; failures=$((failures + 1)); }
 bounded() { timeout --kill-after=5 60 "$@"; }
 
-if [[ ! -x "$probe" || ! -f "$library" ]]; then
-  echo "gpu-check-isolation: no probe or library in $bin_dir; build both with ./just gpu-check-build (on any machine) and carry $bin_dir here" >&2
+if [[ ! -x "$probe" || ! -f "$library" || ! -x "$bin_dir/runtimekit-resource-layer" ]]; then
+  echo "gpu-check-isolation: no probe, library or resource layer in $bin_dir; build them with ./just gpu-check-build (on any machine) and carry $bin_dir here" >&2
   exit 2
 fi
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! bounded nvidia-smi -L >/dev/null 2>&1; then
