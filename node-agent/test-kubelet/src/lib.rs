@@ -21,7 +21,7 @@
 //! - `node_status`: the Node's capacity and allocatable.
 //!
 //! It is a crate of its own, used only as a dev-dependency, so the agent's binary does not
-//! carry it.
+//! carry it; its binary `runtimekit-test-kubelet` plays it for the demo cluster's kwok nodes.
 
 mod admission;
 mod books;
