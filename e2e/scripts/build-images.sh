@@ -8,6 +8,7 @@
 #
 # pause       the pod sandbox: busybox sleeping forever (CRI needs only a non-empty entrypoint)
 # busybox     the test image: busybox with every applet on PATH
+# demo-app    the demo's workload: busybox that prints what its container was given, then sleeps
 # operator    runtimekit-operator, a static release binary, running as the non-root user 65532
 # node-agent  runtimekit-node-agent and lj-runtime (static), and runtimekit-resource-layer, which
 #             loads NVML with dlopen and so is linked against glibc, shipped in the image, and
@@ -28,10 +29,12 @@ command -v umoci >/dev/null || { echo "umoci is missing: run e2e/scripts/install
 # Images change only with the busybox they are made of.
 version=$(dpkg-query -W -f='${Version}' busybox-static 2>/dev/null | tr -c 'A-Za-z0-9.\n' '_')
 
-# build NAME CONFIG-ARGS...: a one-layer image of busybox, configured by umoci CONFIG-ARGS.
+# build NAME CONFIG-ARGS...: a one-layer image of busybox, configured by umoci CONFIG-ARGS (the
+# cached tar is named by both, so a changed configuration builds anew).
 build() {
   local name=$1; shift
-  local tar="$cache/$name-$version.tar"
+  local config; config=$(printf '%s\0' "$@" | sha256sum | cut -c1-12)
+  local tar="$cache/$name-$version-$config.tar"
   if [ ! -s "$tar" ]; then
     local work; work=$(mktemp -d)
     trap 'rm -rf "$work"' RETURN
@@ -58,6 +61,10 @@ target=x86_64-unknown-linux-gnu
 release="$here/target/$target/release"
 host_release="$here/target/release"
 
+# Cargo shows its progress where someone watches (the demo's first build takes minutes).
+quiet=(--quiet)
+[ -t 2 ] && quiet=()
+
 # release_binaries STATIC PACKAGE:BINARY...: release builds, statically linked when STATIC is
 # yes (glibc's crt-static; target-specific so the host's build scripts stay dynamic).
 release_binaries() {
@@ -66,19 +73,26 @@ release_binaries() {
   for spec in "$@"; do args+=(-p "${spec%%:*}" --bin "${spec#*:}"); done
   echo "building ${*#*:} (release$([ "$static" = yes ] && echo ", static"))" >&2
   if [ "$static" = yes ]; then
-    RUSTFLAGS="-C target-feature=+crt-static" cargo build --quiet --locked --release --target "$target" "${args[@]}" >&2
+    RUSTFLAGS="-C target-feature=+crt-static" cargo build "${quiet[@]}" --locked --release --target "$target" "${args[@]}" >&2
   else
     # The host's own release build, which `just soak` and the benchmarks share.
-    cargo build --quiet --locked --release "${args[@]}" >&2
+    cargo build "${quiet[@]}" --locked --release "${args[@]}" >&2
   fi
 }
 
 # product NAME USER ENTRYPOINT FILES...: a one-layer image of FILES (host-path:image-path), with
-# an /etc/passwd naming USER, running as USER.
+# an /etc/passwd naming USER, running as USER; the cached one when no file (nor this script) is
+# newer than it.
 product() {
   local name=$1 user=$2 entrypoint=$3; shift 3
   local version; version=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$here/Cargo.toml" | head -1)
   local tar="$cache/runtimekit-$name-$version.tar"
+  local inputs=("$0")
+  for file in "$@"; do inputs+=("${file%%:*}"); done
+  if [ -s "$tar" ] && [ -z "$(find "${inputs[@]}" -newer "$tar" 2>/dev/null)" ]; then
+    echo "docker.io/local/runtimekit-$name:$version $tar"
+    return
+  fi
   local work; work=$(mktemp -d)
   trap 'rm -rf "$work"' RETURN
   umoci init --layout "$work/layout"
@@ -114,12 +128,22 @@ libraries_of() {
   done
 }
 
+# What the demo's pods run in place of the usage guide's <your-image>: they say what they were
+# given (card device files, RDMA devices, the preloaded isolation library, the variables the
+# runtime set) and then stay running.
+demo_app='echo "card device files: $(cd /dev && ls -d nvidia[0-9]* 2>/dev/null | tr "\n" " ")"
+echo "RDMA devices: $(ls /dev/infiniband 2>/dev/null | tr "\n" " ")"
+echo "preloaded: $(cat /etc/ld.so.preload 2>/dev/null)"
+env | grep -E "^(NVIDIA|CUDA|RUNTIMEKIT)_" | sort
+exec sleep infinity'
+
 images=("$@")
 [ ${#images[@]} -gt 0 ] || images=(pause busybox)
 for image in "${images[@]}"; do
   case $image in
     pause) build pause --config.entrypoint /bin/busybox --config.cmd sleep --config.cmd infinity ;;
     busybox) build busybox --config.cmd /bin/sh ;;
+    demo-app) build demo-app --config.entrypoint /bin/sh --config.cmd -c --config.cmd "$demo_app" ;;
     operator)
       release_binaries yes runtimekit-operator:runtimekit-operator
       product operator 65532:65532 /usr/local/bin/runtimekit-operator \
@@ -129,7 +153,7 @@ for image in "${images[@]}"; do
       release_binaries yes runtimekit-node-agent:runtimekit-node-agent runtimekit-lj-runtime:lj-runtime
       release_binaries no runtimekit-resource-layer:runtimekit-resource-layer
       echo "building the isolation library (release)" >&2
-      cargo build --quiet --locked --release -p runtimekit-isolation --lib >&2
+      cargo build "${quiet[@]}" --locked --release -p runtimekit-isolation --lib >&2
       mapfile -t libs < <(libraries_of "$host_release/runtimekit-resource-layer")
       product node-agent 0:0 "" \
         "$release/runtimekit-node-agent:/usr/local/bin/runtimekit-node-agent" \
@@ -140,13 +164,13 @@ for image in "${images[@]}"; do
     cuda-test)
       release_binaries no runtimekit-isolation:runtimekit-cuda-probe
       echo "building the fake CUDA driver (release)" >&2
-      cargo build --quiet --locked --release -p runtimekit-fake-cuda >&2
+      cargo build "${quiet[@]}" --locked --release -p runtimekit-fake-cuda >&2
       mapfile -t libs < <(libraries_of "$host_release/runtimekit-cuda-probe"; libraries_of "$host_release/libruntimekit_fake_cuda.so")
       mapfile -t libs < <(printf '%s\n' "${libs[@]}" | sort -u)
       product cuda-test 0:0 /usr/local/bin/runtimekit-cuda-probe \
         "$host_release/runtimekit-cuda-probe:/usr/local/bin/runtimekit-cuda-probe" \
         "$host_release/libruntimekit_fake_cuda.so:/lib/x86_64-linux-gnu/libcuda.so.1" "${libs[@]}"
       ;;
-    *) echo "unknown image: $image (expected pause, busybox, operator, node-agent or cuda-test)" >&2; exit 2 ;;
+    *) echo "unknown image: $image (expected pause, busybox, demo-app, operator, node-agent or cuda-test)" >&2; exit 2 ;;
   esac
 done

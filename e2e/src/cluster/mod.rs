@@ -2,7 +2,9 @@
 //! controller and kwok (plus kube-scheduler on request), each started by PID, waited for until
 //! ready, and stopped by the PIDs it recorded.
 
+mod deploy;
 pub mod real_node;
+pub mod simulated;
 
 use crate::pki::Pki;
 use crate::tools::Tools;
@@ -50,7 +52,7 @@ pub struct ClusterOptions {
 /// One started process.
 #[derive(Debug)]
 struct Component {
-    name: &'static str,
+    name: String,
     pid: i32,
     log: PathBuf,
     child: Option<Child>,
@@ -62,7 +64,7 @@ struct Component {
 /// A component stopped by [`Cluster::stop_component`], to be started again.
 #[derive(Debug)]
 pub struct StoppedComponent {
-    name: &'static str,
+    name: String,
     program: PathBuf,
     pub(crate) args: Vec<String>,
     env: Vec<(String, String)>,
@@ -395,19 +397,14 @@ impl Cluster {
         let _ = std::fs::remove_file(self.dir.join(PID_FILE));
     }
 
-    pub(crate) fn spawn(
-        &mut self,
-        name: &'static str,
-        program: &Path,
-        args: &[String],
-    ) -> Result<()> {
+    pub(crate) fn spawn(&mut self, name: &str, program: &Path, args: &[String]) -> Result<()> {
         self.spawn_with_env(name, program, args, &[])
     }
 
     /// [`Cluster::spawn`], with variables added to the environment.
     pub(crate) fn spawn_with_env(
         &mut self,
-        name: &'static str,
+        name: &str,
         program: &Path,
         args: &[String],
         env: &[(String, String)],
@@ -434,7 +431,7 @@ impl Cluster {
             .open(self.dir.join(PID_FILE))?;
         writeln!(pids, "{name} {pid} {}", program.display())?;
         self.components.push(Component {
-            name,
+            name: name.to_owned(),
             pid,
             log,
             child: (!self.detached).then_some(child),
@@ -468,7 +465,7 @@ impl Cluster {
     /// Starts a component stopped by [`Cluster::stop_component`] again, in its place in the
     /// start order (so stopping newest-first still stops it before what it needs).
     pub fn start_again(&mut self, stopped: StoppedComponent) -> Result<()> {
-        self.spawn_with_env(stopped.name, &stopped.program, &stopped.args, &stopped.env)?;
+        self.spawn_with_env(&stopped.name, &stopped.program, &stopped.args, &stopped.env)?;
         let restarted = self.components.pop().context("respawned component")?;
         let index = stopped.index.min(self.components.len());
         self.components.insert(index, restarted);

@@ -10,16 +10,19 @@
 //! `--node-ip`), so `kubectl logs` and `exec` reach the kubelet on loopback.
 
 use crate::cluster::Cluster;
+use crate::cluster::simulated::{AGENT_GROUP, agent_user};
 use crate::tools::repo_root;
 use crate::workspace_binary::{workspace_binary, workspace_library};
 use anyhow::{Context, Result, bail};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
-use serde_json::{Value, json};
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+/// The real node's name (in the tests and the demo).
+pub const REAL_NODE: &str = "real-node";
 /// The label every GPU node of the kit carries.
 pub const ENABLE_LABEL: &str = "lj_runtimekit_enable";
 /// Where the node's files live, under the cluster's folder.
@@ -36,8 +39,6 @@ const READY_TIMEOUT: Duration = Duration::from_secs(120);
 pub const PROFILE: &str = "h800-8";
 /// The deployed node agent's exporter port, on 127.0.0.1 (the DaemonSet's port).
 pub const METRICS_PORT: u16 = 9501;
-/// The node agent's identity group (config/node-agent/rbac.yaml binds it).
-const AGENT_GROUP: &str = "runtimekit:node-agents";
 
 /// A real node that was started.
 #[derive(Debug, Clone)]
@@ -99,7 +100,7 @@ fn find_command(name: &str) -> Option<PathBuf> {
 }
 
 /// Waits until a unix socket accepts connections.
-fn wait_for_socket(socket: &Path) -> Result<()> {
+pub(crate) fn wait_for_socket(socket: &Path) -> Result<()> {
     let deadline = Instant::now() + READY_TIMEOUT;
     while std::os::unix::net::UnixStream::connect(socket).is_err() {
         if Instant::now() > deadline {
@@ -146,7 +147,12 @@ impl Cluster {
             .to_string(),
         )?;
         let lj_runtime = workspace_binary("runtimekit-lj-runtime", "lj-runtime")?;
-        let (pause, images) = build_images()?;
+        let images = build_images(&["pause", "busybox"])?;
+        let pause = images
+            .iter()
+            .map(|(r, _)| r.clone())
+            .find(|r| r.contains("/pause:"))
+            .context("build-images.sh printed no pause image")?;
         std::fs::write(
             ctrd.join("config.toml"),
             containerd_config(&ctrd, &dir.join("cni"), &pause, &lj_runtime),
@@ -217,9 +223,7 @@ impl Cluster {
             ],
         )?;
 
-        let agent_identity = self
-            .pki
-            .client(&format!("runtimekit:node-agent:{name}"), &[AGENT_GROUP])?;
+        let agent_identity = self.pki.client(&agent_user(name), &[AGENT_GROUP])?;
         let agent_kubeconfig = gpu.join("agent.kubeconfig");
         std::fs::write(
             &agent_kubeconfig,
@@ -292,7 +296,7 @@ fn agent_args(node: &str, dir: &Path, profile: &str) -> Vec<String> {
 impl Cluster {
     /// Applies what `config/` says a GPU node needs from the cluster: the node agent's
     /// namespace, RBAC and admission policies, and the RuntimeClass.
-    fn install_node_config(&self) -> Result<()> {
+    pub(crate) fn install_node_config(&self) -> Result<()> {
         let config = repo_root().join("config");
         for file in [
             "namespace.yaml",
@@ -362,6 +366,16 @@ impl RealNode {
             );
         }
         Ok(())
+    }
+
+    /// Builds (or finds cached) the images `names` and imports them; returns their references.
+    pub fn import_images(&self, names: &[&str]) -> Result<Vec<String>> {
+        let mut references = Vec::new();
+        for (reference, tar) in build_images(names)? {
+            self.import(&reference, &tar)?;
+            references.push(reference);
+        }
+        Ok(references)
     }
 
     /// Whether the kubelet answers its health check.
@@ -472,28 +486,25 @@ fn tainted(node: &Node) -> bool {
         .is_some_and(|t| t.iter().any(|t| t.key == UNINITIALIZED))
 }
 
-/// Builds (or finds cached) the node's images; returns the pause image's reference and every
-/// image as (reference, tar).
-fn build_images() -> Result<(String, Vec<(String, PathBuf)>)> {
+/// Builds (or finds cached) the images `names` with e2e/scripts/build-images.sh; returns each
+/// as (reference, tar).
+pub fn build_images(names: &[&str]) -> Result<Vec<(String, PathBuf)>> {
     let script = repo_root().join("e2e/scripts/build-images.sh");
-    let output = Command::new(&script)
+    let mut command = Command::new(&script);
+    crate::workspace_binary::plain_cargo_env(&mut command);
+    let output = command
+        .args(names)
         .stderr(std::process::Stdio::inherit())
         .output()
         .with_context(|| format!("running {}", script.display()))?;
     if !output.status.success() {
-        bail!("{} failed ({})", script.display(), output.status);
+        bail!("{} {names:?} failed ({})", script.display(), output.status);
     }
-    let images: Vec<(String, PathBuf)> = String::from_utf8_lossy(&output.stdout)
+    Ok(String::from_utf8_lossy(&output.stdout)
         .lines()
         .filter_map(|l| l.split_once(' '))
         .map(|(r, t)| (r.to_owned(), PathBuf::from(t)))
-        .collect();
-    let pause = images
-        .iter()
-        .map(|(r, _)| r.clone())
-        .find(|r| r.contains("/pause:"))
-        .context("build-images.sh printed no pause image")?;
-    Ok((pause, images))
+        .collect())
 }
 
 /// containerd 1.6's configuration: everything under `dir`, runc as the default handler, the
@@ -637,156 +648,5 @@ pub fn unmount_all(cluster_dir: &Path) {
     points.dedup();
     for point in points {
         let _ = nix::mount::umount2(&point, nix::mount::MntFlags::MNT_DETACH);
-    }
-}
-
-/// The projected ServiceAccount token a pod gets from the ServiceAccount admission plugin, which
-/// this control plane runs without (tests create pods in namespaces the moment they exist).
-const TOKEN_VOLUME: &str = r#"{"name": "kube-api-access", "projected": {"sources": [
-  {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}},
-  {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
-  {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}]}}]}}"#;
-const TOKEN_MOUNT: &str = r#"{"name": "kube-api-access", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount", "readOnly": true}"#;
-
-impl RealNode {
-    /// Writes the local overlay of `config/` for this node and returns its folder: it sets only
-    /// what this local cluster needs, namely the images built here (never pulled), host
-    /// networking with the apiserver on 127.0.0.1:`apiserver_port` (no kube-proxy), the node
-    /// (no kube-scheduler runs), the projected token (no ServiceAccount admission), one
-    /// operator replica, and the node's own folders for the resource layer (simulated, with
-    /// stand-in device files) and the kubelet's pod resources.
-    pub fn write_overlay(&self, apiserver_port: u16, version: &str) -> Result<PathBuf> {
-        let overlay = self.dir.join("overlay");
-        std::fs::create_dir_all(&overlay)?;
-        let config = repo_root().join("config");
-        let up = overlay.components().count() - 1;
-        let relative: PathBuf = std::iter::repeat_n("..", up)
-            .collect::<PathBuf>()
-            .join(config.strip_prefix("/").unwrap_or(&config));
-        let gpu = self
-            .layer_socket
-            .parent()
-            .unwrap_or(&self.dir)
-            .display()
-            .to_string();
-        let pod_resources = self.dir.join("kubelet/pod-resources").display().to_string();
-        let env = [
-            json!({"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"}),
-            json!({"name": "KUBERNETES_SERVICE_PORT", "value": apiserver_port.to_string()}),
-        ];
-        let token_volume: Value = serde_json::from_str(TOKEN_VOLUME)?;
-        let token_mount: Value = serde_json::from_str(TOKEN_MOUNT)?;
-        // What both pods need on this cluster; `container` is the one that talks to the apiserver.
-        let common = |container: usize| {
-            let spec = "/spec/template/spec";
-            let mut ops = vec![
-                ("add", format!("{spec}/nodeName"), json!(self.name)),
-                ("add", format!("{spec}/hostNetwork"), json!(true)),
-                ("add", format!("{spec}/volumes/-"), token_volume.clone()),
-                (
-                    "add",
-                    format!("{spec}/containers/{container}/volumeMounts/-"),
-                    token_mount.clone(),
-                ),
-            ];
-            for var in &env {
-                ops.push((
-                    "add",
-                    format!("{spec}/containers/{container}/env/-"),
-                    var.clone(),
-                ));
-            }
-            ops
-        };
-        let never = |container: usize| {
-            (
-                "add",
-                format!("/spec/template/spec/containers/{container}/imagePullPolicy"),
-                json!("Never"),
-            )
-        };
-        let mut operator = common(0);
-        operator.push(("replace", "/spec/replicas".into(), json!(1)));
-        operator.push(never(0));
-        // Indexes are config/node-agent/daemonset.yaml's: volumes pod-resources (1),
-        // resource-layer-socket (2) and state (3); containers resource-layer (0) and node-agent (1).
-        let mut agent = common(1);
-        agent.extend([
-            never(0),
-            never(1),
-            (
-                "replace",
-                "/spec/template/spec/volumes/1/hostPath/path".into(),
-                json!(pod_resources),
-            ),
-            (
-                "replace",
-                "/spec/template/spec/volumes/2/hostPath/path".into(),
-                json!(gpu),
-            ),
-            (
-                "replace",
-                "/spec/template/spec/volumes/3/hostPath/path".into(),
-                json!(format!("{gpu}/deployed")),
-            ),
-            (
-                "replace",
-                "/spec/template/spec/containers/0/args".into(),
-                json!([
-                    "serve",
-                    "--backend=simulated",
-                    format!("--profile={PROFILE}"),
-                    format!("--socket={gpu}/resource-layer.sock"),
-                    "--state-file=/var/lib/runtimekit/resource-layer/state.json",
-                    format!("--device-dir={gpu}/devices"),
-                ]),
-            ),
-            (
-                "replace",
-                "/spec/template/spec/containers/0/volumeMounts/0/mountPath".into(),
-                json!(gpu),
-            ),
-            (
-                "replace",
-                "/spec/template/spec/containers/1/args/1".into(),
-                json!(format!("--resource-layer-socket={gpu}/resource-layer.sock")),
-            ),
-            // Host networking here: the exporter listens on loopback only.
-            (
-                "add",
-                "/spec/template/spec/containers/1/args/-".into(),
-                json!(format!("--metrics-address=127.0.0.1:{METRICS_PORT}")),
-            ),
-            (
-                "replace",
-                "/spec/template/spec/containers/1/volumeMounts/2/mountPath".into(),
-                json!(gpu),
-            ),
-        ]);
-        // Each operation as one line of JSON, which is YAML too.
-        let lines = |ops: Vec<(&str, String, Value)>| -> String {
-            ops.into_iter()
-                .map(|(op, path, value)| {
-                    format!(
-                        "      - {}\n",
-                        json!({"op": op, "path": path, "value": value})
-                    )
-                })
-                .collect()
-        };
-        let (operator, agent) = (lines(operator), lines(agent));
-        let image = |name: &str, local: &str| {
-            format!(
-                "  - name: {name}\n    newName: docker.io/local/{local}\n    newTag: {version}\n"
-            )
-        };
-        let text = format!(
-            "# Written by the e2e harness: config/ as a user deploys it, with only what this local\n# cluster needs (see RealNode::write_overlay).\napiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {config}\nimages:\n{op_image}{agent_image}patches:\n  - target: {{kind: Deployment, name: runtimekit-operator}}\n    patch: |\n{operator}  - target: {{kind: DaemonSet, name: runtimekit-node-agent}}\n    patch: |\n{agent}",
-            config = relative.display(),
-            op_image = image("lj-runtimekit/operator", "runtimekit-operator"),
-            agent_image = image("lj-runtimekit/node-agent", "runtimekit-node-agent"),
-        );
-        std::fs::write(overlay.join("kustomization.yaml"), text)?;
-        Ok(overlay)
     }
 }

@@ -11,8 +11,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 use tokio::sync::OnceCell;
 
-/// The name of the run's real node.
-pub const REAL_NODE: &str = "real-node";
+pub use crate::cluster::real_node::REAL_NODE;
 
 /// The run's real node, started by the first test that asks for it.
 static STARTED: OnceCell<RealNode> = OnceCell::const_new();
@@ -106,29 +105,16 @@ impl TestContext {
         .await
     }
 
-    /// Stops the real node's resource layer and node agent processes for good, so that the ones
-    /// deployed from config/ take their place.
-    pub fn stop_real_node_gpu_side(&self) -> Result<()> {
-        for component in ["node-agent", "resource-layer"] {
-            self.with_cluster(|cluster| cluster.stop_component(component).map(|_| ()))?;
-        }
-        Ok(())
-    }
-
     /// Restarts the real node's resource layer and node agent simulating `profile` (see
     /// [`Cluster::switch_real_node_profile`]).
     pub fn switch_real_node_profile(&self, node: &RealNode, profile: &str) -> Result<()> {
         self.with_cluster(|cluster| cluster.switch_real_node_profile(node, profile))
     }
 
-    /// The apiserver's port on 127.0.0.1.
-    pub fn apiserver_port(&self) -> Result<u16> {
-        let server = self.with_cluster(|cluster| Ok(cluster.server.clone()))?;
-        server
-            .rsplit(':')
-            .next()
-            .and_then(|p| p.parse().ok())
-            .context("the apiserver's URL has no port")
+    /// Deploys the operator and the node agent from `config/` on the real node
+    /// ([`Cluster::deploy_config`]).
+    pub fn deploy_config(&self, node: &RealNode) -> Result<()> {
+        tokio::task::block_in_place(|| self.with_cluster(|cluster| cluster.deploy_config(node)))
     }
 
     /// A client that authenticates as `user` in `groups` with a client certificate.

@@ -2,7 +2,7 @@
 //! test gives them, deleted when the test ends.
 
 use super::context::TestContext;
-use crate::cluster::KWOK_ANNOTATION;
+use crate::cluster::simulated::kwok_node_object;
 use anyhow::Result;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::PostParams;
@@ -21,14 +21,10 @@ pub struct FakeNode {
 impl FakeNode {
     /// A node with 64 CPUs, 512 GiB and 110 pods, and no GPUs yet.
     pub fn new(name: &str) -> FakeNode {
-        let capacity = [("cpu", "64"), ("memory", "512Gi"), ("pods", "110")]
-            .into_iter()
-            .map(|(k, v)| (k.into(), v.into()))
-            .collect();
         FakeNode {
             name: name.into(),
             labels: BTreeMap::new(),
-            capacity,
+            capacity: BTreeMap::new(),
             taints: Vec::new(),
             hung: false,
         }
@@ -59,15 +55,6 @@ impl FakeNode {
             .push(serde_json::json!({"key": key, "value": value, "effect": effect}));
         self
     }
-
-    fn labels_with_defaults(&self, name: &str) -> BTreeMap<String, String> {
-        let mut labels = self.labels.clone();
-        labels
-            .entry("kubernetes.io/hostname".into())
-            .or_insert_with(|| name.into());
-        labels.entry("type".into()).or_insert_with(|| "kwok".into());
-        labels
-    }
 }
 
 impl TestContext {
@@ -84,30 +71,8 @@ impl TestContext {
     /// prefixed with the namespace and it is deleted when the test ends.
     pub async fn fake_node(&self, node: FakeNode) -> Result<Node> {
         let name = self.node_name(&node.name);
-        // A node may be created with its status; a hung node's Ready condition is never renewed,
-        // and no node-lifecycle controller runs here to notice.
-        let (annotations, conditions) = if node.hung {
-            (
-                serde_json::json!({}),
-                serde_json::json!([{"type": "Ready", "status": "True", "reason": "KubeletReady"}]),
-            )
-        } else {
-            (
-                serde_json::json!({KWOK_ANNOTATION: "fake"}),
-                serde_json::json!([]),
-            )
-        };
-        let node_object: Node = serde_json::from_value(serde_json::json!({
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {
-                "name": name,
-                "labels": node.labels_with_defaults(&name),
-                "annotations": annotations,
-            },
-            "spec": {"taints": node.taints},
-            "status": {"capacity": node.capacity, "allocatable": node.capacity, "conditions": conditions},
-        }))?;
+        let node_object =
+            kwok_node_object(&name, &node.labels, &node.capacity, &node.taints, node.hung)?;
         self.nodes
             .lock()
             .map_err(|_| anyhow::anyhow!("node list poisoned"))?

@@ -13,6 +13,7 @@ use kube::runtime::watcher;
 use runtimekit_crds::{
     CardHealth, GpuSlice, MigInstanceRef, SLICE_FINALIZER, SlicePhase, TopologyGroup,
 };
+use runtimekit_e2e::cluster::simulated::{AGENT_GROUP, agent_user};
 use runtimekit_e2e::harness::{Test, TestProcess, workspace_binary};
 use runtimekit_e2e::{FakeNode, TestContext, tests};
 use runtimekit_proto::resource::v1alpha1 as pb;
@@ -39,11 +40,6 @@ pub const TESTS: &[Test] = tests![
 ];
 
 const WAIT: Duration = Duration::from_secs(30);
-const AGENT_GROUP: &str = "runtimekit:node-agents";
-
-fn agent_user(node: &str) -> String {
-    format!("runtimekit:node-agent:{node}")
-}
 
 /// Installs the agents' RBAC and admission policies once per run, from the files users apply.
 async fn install_agent_access(ctx: &TestContext) -> Result<()> {

@@ -568,25 +568,13 @@ async fn instance_keys(node: &RealNode) -> Result<BTreeSet<String>> {
 /// Builds `images` with the project's script and imports them into the node's containerd;
 /// returns their references.
 pub(crate) async fn import_images(node: &RealNode, images: &[&str]) -> Result<Vec<String>> {
-    let script = runtimekit_e2e::tools::repo_root().join("e2e/scripts/build-images.sh");
+    let node = node.clone();
     let images: Vec<String> = images.iter().map(|i| (*i).to_owned()).collect();
-    let built = tokio::task::spawn_blocking(move || {
-        let mut command = std::process::Command::new(script);
-        runtimekit_e2e::harness::plain_cargo_env(&mut command);
-        command
-            .args(&images)
-            .stderr(std::process::Stdio::inherit())
-            .output()
+    tokio::task::spawn_blocking(move || {
+        let names: Vec<&str> = images.iter().map(String::as_str).collect();
+        node.import_images(&names)
     })
-    .await??;
-    ensure!(built.status.success(), "build-images.sh failed");
-    let mut references = Vec::new();
-    for line in String::from_utf8_lossy(&built.stdout).lines() {
-        let (reference, tar) = line.split_once(' ').context("reference and tar")?;
-        node.import(reference, std::path::Path::new(tar))?;
-        references.push(reference.to_owned());
-    }
-    Ok(references)
+    .await?
 }
 
 /// The operator's and the node agent's images, built by the project's script from release
@@ -656,26 +644,7 @@ async fn real_node_runs_the_product_images(ctx: TestContext) -> Result<()> {
 /// guide's TDM pod is placed by the deployed operator and sees its allocation.
 async fn real_node_runs_config_as_a_user_deploys_it(ctx: TestContext) -> Result<()> {
     let node = ctx.real_node().await?;
-    let references = import_images(&node, &["operator", "node-agent"]).await?;
-    let version = references
-        .first()
-        .and_then(|r| r.rsplit(':').next())
-        .context("an image tag")?
-        .to_owned();
-    ctx.stop_real_node_gpu_side()?;
-    let overlay = node.write_overlay(ctx.apiserver_port()?, &version)?;
-    ctx.kubectl_ok(
-        &[
-            "apply",
-            "--server-side",
-            "--force-conflicts",
-            "-n",
-            "runtimekit-system",
-            "-k",
-            &overlay.display().to_string(),
-        ],
-        None,
-    )?;
+    ctx.deploy_config(&node)?;
     let system = || kube::Api::<Pod>::namespaced(ctx.client.clone(), "runtimekit-system");
     let ready = |pod: &Pod| {
         pod.status
