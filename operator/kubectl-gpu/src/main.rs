@@ -275,7 +275,13 @@ async fn fit_pod(
     pod.metadata
         .uid
         .get_or_insert_with(|| "kubectl-gpu-fit".to_owned());
-    let name = pod.metadata.name.clone().unwrap_or_default();
+    // A manifest may be a bare pod spec (the usage guide gives two so): it is named by its file.
+    let name = pod
+        .metadata
+        .name
+        .clone()
+        .or_else(|| pod.metadata.generate_name.clone())
+        .unwrap_or_else(|| format!("(unnamed, from {})", filename.display()));
     let config = shared_config(client, config_map).await?;
     let request = parse_pod(&pod, &config)
         .map_err(|e| anyhow::anyhow!("the pod breaks the resource contract: {e}"))?;
