@@ -7,9 +7,9 @@ set shell := ["bash", "-euo", "pipefail", "-c"]
 default:
     @{{just_executable()}} --justfile {{justfile()}} --list --unsorted
 
-# The main job: check the usage guide's examples against the resource contract and print what each asks for.
-demo:
-    cargo run --quiet -p runtimekit-operator -- check contract/tests/seeds
+# The main job: the whole product on this machine. A control plane, a real node (containerd, runc, the kubelet) running the operator and the node agent deployed from config/, simulated nodes of every profile over two network pods, and the usage guide's examples placed and explained; it keeps running until `./just down`. The first run builds everything (minutes, with progress); later runs take under a minute.
+demo: node-packages
+    cargo run --locked -p runtimekit-e2e --bin runtimekit-cluster -- demo
 
 # The whole test suite, as CI runs it: formatting, lints, unit, property, CRD drift and end-to-end tests, then a 2-minute soak.
 test: fmt-check lint unit soak-check
@@ -32,6 +32,8 @@ unit: node-packages
     set -euo pipefail
     log=$(mktemp)
     trap 'rm -f "$log"' EXIT
+    # One machine holds one real node: a demo cluster left running would hold it.
+    {{just_executable()}} --justfile {{justfile()}} down
     cargo test --workspace --locked 2>&1 | tee "$log"
     awk '/^test result:/ { passed += $4; failed += $6 } END { printf "%d passed, %d failed\n", passed, failed }' "$log"
 
@@ -51,7 +53,7 @@ images:
 up *flags:
     cargo run --quiet --locked -p runtimekit-e2e --bin runtimekit-cluster -- up {{flags}}
 
-# Stop the control plane `just up` started, by the PIDs it recorded.
+# Stop the cluster `just up` or `just demo` started, by the PIDs it recorded.
 down:
     cargo run --quiet --locked -p runtimekit-e2e --bin runtimekit-cluster -- down
 

@@ -2,6 +2,7 @@
 //! modules (`e2e/tools/`), and the support the tests share.
 
 pub mod cluster;
+pub mod demo;
 pub mod harness;
 pub mod load;
 pub mod pki;

@@ -1,5 +1,5 @@
-//! `just up` and `just down`: starts a control plane that outlives this command, or stops the
-//! processes one started, by the PIDs it recorded.
+//! `just up`, `just demo` and `just down`: starts a control plane (or the whole demo cluster)
+//! that outlives this command, or stops the processes one started, by the PIDs it recorded.
 
 use clap::{Parser, Subcommand};
 use runtimekit_e2e::cluster::{Cluster, ClusterOptions, stop_recorded};
@@ -30,7 +30,11 @@ enum Command {
         #[arg(long, value_name = "NAME", num_args = 0..=1, default_missing_value = "real-node")]
         real_node: Option<String>,
     },
-    /// Stop the processes `up` started.
+    /// The main job: a control plane, a real node running the operator and the node agent from
+    /// config/, simulated nodes of every profile, and the usage guide's examples placed; it keeps
+    /// running for `down`.
+    Demo,
+    /// Stop the processes `up` or `demo` started.
     Down,
 }
 
@@ -90,6 +94,16 @@ async fn main() -> ExitCode {
                 }
             }
         }
+        Command::Demo => match runtimekit_e2e::demo::run(&dir).await {
+            Ok(demo) => {
+                print!("{}", demo.closing());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Down => match stop_recorded(&dir) {
             Ok(n) => {
                 println!("stopped {n} processes of the cluster in {}", dir.display());
