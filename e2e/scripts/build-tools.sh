@@ -15,6 +15,12 @@ module_version() {
   (cd "$here/tools/$2" && go list -m -f '{{.Version}}' "$1")
 }
 
+# The binaries of the families asked for, counted as they are built or found, so a cold build
+# says how far it is.
+declare -A per_family=([etcd]=1 [kwok]=1 [jobset]=1 [k8s]=5)
+total=0
+counted=0
+
 # build FAMILY VERSION LDFLAGS NAME=PACKAGE...: builds each PACKAGE of e2e/tools/FAMILY into
 # the cache as NAME, skipping binaries already there.
 build() {
@@ -23,8 +29,9 @@ build() {
   mkdir -p "$out"
   for target in "$@"; do
     local name=${target%%=*} package=${target#*=}
+    counted=$((counted + 1))
     [ -x "$out/$name" ] && continue
-    echo "building $name $version from $package (a cold build takes minutes)" >&2
+    echo "building $name $version from $package ($counted of $total; a cold build takes minutes)" >&2
     local start=$SECONDS
     (cd "$here/tools/$family" &&
       go build -trimpath -tags=selinux,notest,grpcnotrace -ldflags "-s -w $ldflags" -o "$out/$name.partial" "$package" >&2)
@@ -55,11 +62,10 @@ build_etcd() {
 
 build_jobset() {
   local v; v=$(module_version sigs.k8s.io/jobset jobset)
-  local out; out=$(build jobset "$v" "-X sigs.k8s.io/jobset/pkg/version.GitVersion=$v" jobset=sigs.k8s.io/jobset)
+  build jobset "$v" "-X sigs.k8s.io/jobset/pkg/version.GitVersion=$v" jobset=sigs.k8s.io/jobset
   # The controller needs its CRD installed; keep the one of this exact version beside it.
   local dir; dir=$(cd "$here/tools/jobset" && go list -m -f '{{.Dir}}' sigs.k8s.io/jobset)
-  install -m 0644 "$dir/config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml" "$out/jobset-crd.yaml"
-  echo "$out"
+  install -m 0644 "$dir/config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml" "$cache/bin/jobset-$v/jobset-crd.yaml"
 }
 
 build_kwok() {
@@ -69,6 +75,7 @@ build_kwok() {
 
 families=("$@")
 [ ${#families[@]} -gt 0 ] || families=(etcd kwok jobset k8s)
+for family in "${families[@]}"; do total=$((total + ${per_family[$family]:-0})); done
 for family in "${families[@]}"; do
   case $family in
     k8s | etcd | jobset | kwok) "build_$family" ;;

@@ -117,6 +117,34 @@ fn the_demo_runs_the_whole_product_and_leaves_a_cluster_to_use() {
         assert!(first.contains(expected), "{expected} in:\n{first}");
     }
 
+    // The README's quick start shows what the demo prints: its steps and closing words.
+    let readme =
+        std::fs::read_to_string(runtimekit_e2e::tools::repo_root().join("README.md")).unwrap();
+    let closing = [
+        "Use it from this shell:",
+        "Three commands worth trying next:",
+        "Stop it with: ./just down",
+    ];
+    let step =
+        |l: &str| l.starts_with('[') && l.split_once("] ").is_some_and(|(n, _)| n.contains('/'));
+    let shown: Vec<&str> = readme
+        .lines()
+        .filter(|l| step(l) || closing.contains(l))
+        // A step's time differs run to run.
+        .map(|l| {
+            l.rsplit_once(" (")
+                .filter(|_| step(l))
+                .map_or(l, |(title, _)| title)
+        })
+        .collect();
+    assert!(
+        shown.len() >= 11,
+        "the README shows the demo's steps and closing: {shown:?}"
+    );
+    for line in shown {
+        assert!(first.contains(line), "the README's {line:?} in:\n{first}");
+    }
+
     // The closing words' commands work against the cluster left running.
     let nodes = kubectl(&dir, &["gpu", "nodes"]);
     for model in [
