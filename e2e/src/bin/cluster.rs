@@ -48,6 +48,19 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if !matches!(cli.command, Command::Down) {
+        // Started processes outlive this command by design, but not an interrupted start.
+        let recorded = dir.clone();
+        let handler = ctrlc::set_handler(move || {
+            eprintln!("interrupted: stopping what was started");
+            let _ = stop_recorded(&recorded);
+            std::process::exit(130);
+        });
+        if let Err(e) = handler {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
     match cli.command {
         Command::Up {
             kube_scheduler,

@@ -58,7 +58,7 @@ pub struct RealNode {
 }
 
 /// What the node's processes need from the host, with how to get it.
-fn check_host() -> Result<()> {
+pub(crate) fn check_host() -> Result<()> {
     let missing: Vec<&str> = ["containerd", "runc", "ctr", "umoci", "busybox"]
         .into_iter()
         .filter(|tool| find_command(tool).is_none())

@@ -75,6 +75,8 @@ pub async fn run(dir: &Path) -> Result<Demo> {
     if stop_recorded(dir)? > 0 {
         println!("stopped the cluster left running in {}", dir.display());
     }
+    // Say what this machine lacks before anything starts.
+    crate::cluster::real_node::check_host()?;
     progress.step("control plane: etcd, kube-apiserver, kube-controller-manager, JobSet, kwok");
     let mut cluster = Cluster::start(ClusterOptions {
         dir: dir.to_owned(),
