@@ -60,12 +60,11 @@ pub fn explain(facts: &Facts) -> Explanation {
         }
         "NotOurs"
     } else if let Some(node) = &node {
-        placed(facts, &namespace, &name, node, &mut lines);
-        if matches!(phase.as_deref(), Some("Succeeded" | "Failed")) {
-            "Ended"
-        } else {
-            "Placed"
-        }
+        let ended = phase
+            .as_deref()
+            .filter(|p| matches!(*p, "Succeeded" | "Failed"));
+        placed(facts, &namespace, &name, node, ended, &mut lines);
+        if ended.is_some() { "Ended" } else { "Placed" }
     } else {
         pending(facts, &namespace, &name, &mut lines);
         "Pending"
@@ -79,15 +78,31 @@ pub fn explain(facts: &Facts) -> Explanation {
     }
 }
 
-fn placed(facts: &Facts, namespace: &str, name: &str, node: &str, lines: &mut Vec<String>) {
+/// A placed pod: where, and what it holds; `ended` is the phase of a pod that has ended.
+fn placed(
+    facts: &Facts,
+    namespace: &str,
+    name: &str,
+    node: &str,
+    ended: Option<&str>,
+    lines: &mut Vec<String>,
+) {
+    let (verb, after) = match ended {
+        Some(phase) => ("ran", format!(" It has ended ({phase}).")),
+        None => ("runs", String::new()),
+    };
     lines.push(match position_of(facts.node_cards, node) {
         Some(position) => format!(
-            "Pod {namespace}/{name} runs on node {node}, under {position} (network pod / leaf switch / HyperNode)."
+            "Pod {namespace}/{name} {verb} on node {node}, under {position} (network pod / leaf switch / HyperNode).{after}"
         ),
-        None => format!("Pod {namespace}/{name} runs on node {node}."),
+        None => format!("Pod {namespace}/{name} {verb} on node {node}.{after}"),
     });
     if facts.slices.is_empty() {
-        lines.push("It holds no card.".into());
+        lines.push(if ended.is_some() {
+            "Its cards were given back when it ended.".into()
+        } else {
+            "It holds no card.".into()
+        });
     }
     for slice in facts.slices {
         let card = facts
@@ -281,6 +296,29 @@ mod tests {
                 "Pod ml/infer runs on node n1, under np-1/leaf-1 (network pod / leaf switch / HyperNode).",
                 "Container app holds a time-division share (30% 4Gi) of card 2 NVIDIA H800 (GPU-2), ready on the node.",
                 "That card is unhealthy now (XID 79); the pod keeps it, and no new work goes there.",
+            ]
+        );
+    }
+
+    #[test]
+    fn an_ended_pod_is_told_where_it_ran_and_that_its_cards_went_back() {
+        let pod = pod(json!({"metadata": {"name": "job-0", "namespace": "ml"},
+            "spec": {"schedulerName": "lj-runtimekit-scheduler", "nodeName": "n1", "containers": []},
+            "status": {"phase": "Succeeded"}}));
+        let cards = [card_row()];
+        let said = explain(&Facts {
+            pod: &pod,
+            scheduler: "lj-runtimekit-scheduler",
+            slices: &[],
+            node_cards: &cards,
+            gang: None,
+        });
+        assert_eq!(said.verdict, "Ended");
+        assert_eq!(
+            said.lines,
+            [
+                "Pod ml/job-0 ran on node n1, under np-1/leaf-1 (network pod / leaf switch / HyperNode). It has ended (Succeeded).",
+                "Its cards were given back when it ended.",
             ]
         );
     }
