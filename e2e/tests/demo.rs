@@ -164,6 +164,12 @@ fn the_demo_runs_the_whole_product_and_leaves_a_cluster_to_use() {
     for example in examples.iter().filter(|e| e.kind == "Pod") {
         assert!(pods.contains(&example.name), "{} in:\n{pods}", example.name);
     }
+    // kwok keeps the gang's Job pods running here: every member holds its card.
+    let members = pods
+        .lines()
+        .filter(|l| l.contains("gang-nccl-test-worker-"))
+        .count();
+    assert_eq!(members, 7, "{pods}");
     let member = first
         .split("kubectl gpu explain ")
         .last()

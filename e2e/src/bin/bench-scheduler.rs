@@ -43,6 +43,7 @@ async fn main() -> Result<()> {
         detached: false,
         kube_scheduler: true,
         profiling: std::env::var_os("BENCH_PROFILE").is_some(),
+        jobs_keep_running: false,
     })
     .await?;
     let result = bench(&cluster).await;

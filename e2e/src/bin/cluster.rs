@@ -73,6 +73,7 @@ async fn main() -> ExitCode {
                     detached: true,
                     kube_scheduler,
                     profiling: false,
+                    jobs_keep_running: false,
                 })
                 .await?;
                 if let Some(name) = real_node {

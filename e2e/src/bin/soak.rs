@@ -58,6 +58,7 @@ async fn main() -> Result<()> {
         detached: false,
         kube_scheduler: false,
         profiling: false,
+        jobs_keep_running: false,
     })
     .await?;
     let result = soak(&cluster, &args).await;

@@ -47,6 +47,9 @@ pub struct ClusterOptions {
     pub kube_scheduler: bool,
     /// Serve the apiserver's `/debug/pprof` (the scheduler benchmark's BENCH_PROFILE).
     pub profiling: bool,
+    /// kwok keeps the pods of Jobs running, as it does other pods, instead of completing them
+    /// the moment they run (kwok's default), so a gang stays up (the demo).
+    pub jobs_keep_running: bool,
 }
 
 /// One started process.
@@ -301,7 +304,15 @@ impl Cluster {
                 format!("--server-address=127.0.0.1:{}", ports.kwok),
                 "--node-lease-duration-seconds=40".into(),
                 "--cidr=10.128.0.1/12".into(),
-            ],
+            ]
+            .into_iter()
+            .chain(options.jobs_keep_running.then(|| {
+                format!(
+                    "--config={}",
+                    self.tools.kwok.join("pod-stages-running.yaml").display()
+                )
+            }))
+            .collect::<Vec<_>>(),
         )?;
         self.wait_ready(
             "kwok",

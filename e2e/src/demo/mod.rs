@@ -83,6 +83,7 @@ pub async fn run(dir: &Path) -> Result<Demo> {
         detached: true,
         kube_scheduler: false,
         profiling: false,
+        jobs_keep_running: true,
     })
     .await?;
     match bring_up(&mut cluster, &mut progress).await {
@@ -128,6 +129,10 @@ async fn bring_up(cluster: &mut Cluster, progress: &mut Progress) -> Result<Demo
     nodes.push(REAL_NODE.to_owned());
     wait_reported(&client, &nodes).await?;
 
+    // kubectl and kubectl-gpu ready before the examples, so what is shown follows their placing.
+    let bin = cluster.dir.join("bin");
+    install_tools(cluster, &bin)?;
+
     progress.step("the usage guide's examples (sections 3 and 4), time-division first");
     let examples = examples::read(&repo_root().join("contract/tests/seeds"))?;
     let (tdm, rest): (Vec<&Example>, Vec<&Example>) =
@@ -148,8 +153,6 @@ async fn bring_up(cluster: &mut Cluster, progress: &mut Progress) -> Result<Demo
     let gang_member = gang.iter().map(ResourceExt::name_any).min();
 
     progress.step("what the cluster holds, where each pod landed and why");
-    let bin = cluster.dir.join("bin");
-    install_tools(cluster, &bin)?;
     show::ledger(cluster)?;
     show::placements(&client, &bin, &cluster.kubeconfig, &examples).await?;
 

@@ -60,6 +60,7 @@ impl Harness {
             detached: false,
             kube_scheduler: false,
             profiling: false,
+            jobs_keep_running: false,
         }))?;
         eprintln!(
             "control plane ready in {:.1} s ({})",
