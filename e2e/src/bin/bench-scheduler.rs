@@ -2,11 +2,14 @@
 //! upstream kube-scheduler, in the same run, on a real control plane with 1,000 kwok nodes of 8
 //! cards. Prints a table and, as its last line, one JSON object.
 //!
-//! Runs: 5,000 whole-card pods (`nvidia.com/gpu: 1`) created as fast as the apiserver takes
-//! them, for kube-scheduler and then for ours; the same with time-division shares (ours only);
+//! Runs: a backlog drain (5,000 whole-card pods created while no scheduler runs, then the
+//! scheduler started and timed until all are bound, with each process's CPU: kube-scheduler,
+//! then ours); 5,000 whole-card pods (`nvidia.com/gpu: 1`) created as fast as the apiserver
+//! takes them, for kube-scheduler and then for ours; the same with time-division shares (ours only);
 //! a steady 100 pods/s for the p99 create-to-bound latency; and the raw Binding ceiling of this
 //! apiserver. Both schedulers are unthrottled on the client side (kube-scheduler's QPS is raised
-//! to 5,000, ours has no limiter). Memory is each process's peak RSS.
+//! to 5,000, ours has no limiter). Memory is each process's peak RSS. `BENCH_SMOKE` runs the
+//! same code at a few hundred pods on 50 nodes, as CI does so the benchmark cannot rot.
 
 use anyhow::{Context, Result, bail};
 use futures::{StreamExt, TryStreamExt, stream};
@@ -25,12 +28,39 @@ use std::process::Child;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-const NODES: usize = 1000;
 /// Writes in flight at once in the bursts and the Binding ceiling.
 const CONCURRENCY: usize = 64;
-const PODS: usize = 5000;
 const STEADY_RATE: u64 = 100;
-const STEADY_SECONDS: u64 = 20;
+
+/// How big the runs are: the full benchmark, or with `BENCH_SMOKE` set the smoke form CI runs
+/// so the benchmark cannot rot (same code, a few hundred pods).
+#[derive(Debug, Clone, Copy)]
+struct Sizes {
+    nodes: usize,
+    pods: usize,
+    steady_seconds: u64,
+    bindings: usize,
+}
+
+impl Sizes {
+    fn from_env() -> Sizes {
+        if std::env::var_os("BENCH_SMOKE").is_some() {
+            Sizes {
+                nodes: 50,
+                pods: 200,
+                steady_seconds: 3,
+                bindings: 200,
+            }
+        } else {
+            Sizes {
+                nodes: 1000,
+                pods: 5000,
+                steady_seconds: 20,
+                bindings: 3000,
+            }
+        }
+    }
+}
 /// Our scheduler's name.
 const OURS: &str = "lj-runtimekit-scheduler";
 
@@ -38,7 +68,7 @@ const OURS: &str = "lj-runtimekit-scheduler";
 async fn main() -> Result<()> {
     let dir = std::env::temp_dir().join(format!("runtimekit-bench-{}", std::process::id()));
     eprintln!("starting the control plane in {}", dir.display());
-    let cluster = Cluster::start(ClusterOptions {
+    let mut cluster = Cluster::start(ClusterOptions {
         dir: dir.clone(),
         detached: false,
         kube_scheduler: true,
@@ -46,7 +76,7 @@ async fn main() -> Result<()> {
         jobs_keep_running: false,
     })
     .await?;
-    let result = bench(&cluster).await;
+    let result = bench(&mut cluster, Sizes::from_env()).await;
     drop(cluster);
     // Profiles are kept for reading; otherwise a good run leaves nothing behind.
     if result.is_ok() && std::env::var_os("BENCH_PROFILE").is_none() {
@@ -55,28 +85,52 @@ async fn main() -> Result<()> {
     result
 }
 
-async fn bench(cluster: &Cluster) -> Result<()> {
+async fn bench(cluster: &mut Cluster, sizes: Sizes) -> Result<()> {
+    let Sizes { nodes, pods, .. } = sizes;
     let client = cluster.client().await?;
     install_runtime_class(cluster)?;
-    eprintln!("creating {NODES} nodes of {CARDS} cards");
+    eprintln!("creating {nodes} nodes of {CARDS} cards");
     let fleet = Fleet {
         prefix: "bench".into(),
-        nodes: NODES,
+        nodes,
         mig_cards: 0,
     };
     fleet.create(&client).await?;
     let heartbeats = tokio::spawn(fleet.heartbeat(client.clone()));
-    let (mut operator, operator_listen) = start_operator(cluster, "bench")?;
+    let (mut operator, mut operator_listen) = start_operator(cluster, "bench")?;
     wait_operator_ready(&client, "bench").await?;
-    let processes = Processes::of(cluster, &operator)?;
+    let mut processes = Processes::of(cluster, &operator)?;
 
     // BENCH_RUNS (for example `ours,steady`) picks runs; all run by default.
-    let runs =
-        std::env::var("BENCH_RUNS").unwrap_or_else(|_| "kube,ours,tdm,steady,binding".into());
+    let runs = std::env::var("BENCH_RUNS")
+        .unwrap_or_else(|_| "backlog-kube,backlog-ours,kube,ours,tdm,steady,binding".into());
     let wanted = |run: &str| runs.split(',').any(|r| r == run);
-    let whole = json!({"nvidia.com/gpu": "1"});
     let tdm_limits = json!({"aliyun.com/gpu-core": "25", "aliyun.com/gpu-memory": "4"});
     // Every run cleans up after itself, so the next one starts on free cards.
+    let whole = json!({"nvidia.com/gpu": "1"});
+    let backlog_kube = if wanted("backlog-kube") {
+        let stopped = cluster.stop_component("kube-scheduler")?;
+        let pending =
+            Backlog::create(&client, "bench-backlog-kube", "default-scheduler", pods).await?;
+        let before = processes.cpu_without("kube-scheduler");
+        let started = Instant::now();
+        cluster.start_again(stopped)?;
+        processes = Processes::of(cluster, &operator)?;
+        pending.drain(&client, started, &before, &processes).await?
+    } else {
+        Run::default()
+    };
+    let backlog_ours = if wanted("backlog-ours") {
+        stop_gracefully(&mut operator)?;
+        let pending = Backlog::create(&client, "bench-backlog-ours", OURS, pods).await?;
+        let before = processes.cpu_without("runtimekit-operator");
+        let started = Instant::now();
+        (operator, operator_listen) = start_operator(cluster, "bench")?;
+        processes = Processes::of(cluster, &operator)?;
+        pending.drain(&client, started, &before, &processes).await?
+    } else {
+        Run::default()
+    };
     let kube = if wanted("kube") {
         burst(
             cluster,
@@ -85,7 +139,7 @@ async fn bench(cluster: &Cluster) -> Result<()> {
             "bench-kube",
             "default-scheduler",
             &whole,
-            PODS,
+            pods,
         )
         .await?
     } else {
@@ -99,7 +153,7 @@ async fn bench(cluster: &Cluster) -> Result<()> {
             "bench-ours",
             OURS,
             &whole,
-            PODS,
+            pods,
         )
         .await?
     } else {
@@ -113,19 +167,19 @@ async fn bench(cluster: &Cluster) -> Result<()> {
             "bench-tdm",
             OURS,
             &tdm_limits,
-            PODS,
+            pods,
         )
         .await?
     } else {
         Run::default()
     };
     let steady = if wanted("steady") {
-        steady(&client, &processes, "bench-steady").await?
+        steady(&client, &processes, "bench-steady", sizes.steady_seconds).await?
     } else {
         Run::default()
     };
     let ceiling = if wanted("binding") {
-        binding_ceiling(&client, "bench-binding", 3000).await?
+        binding_ceiling(&client, "bench-binding", sizes.bindings, nodes).await?
     } else {
         Run::default()
     };
@@ -144,7 +198,31 @@ async fn bench(cluster: &Cluster) -> Result<()> {
     let _ = operator.wait();
 
     println!(
-        "\nscheduler benchmark: {NODES} kwok nodes x {CARDS} cards, {PODS} pods per burst, 2 cores shared with the control plane\n"
+        "\nscheduler benchmark: {nodes} kwok nodes x {CARDS} cards, {pods} pods per run, 2 cores shared with the control plane\n"
+    );
+    let apiserver_ms_per_pod =
+        |run: &Run| cpu_of(&run.cpu, "kube-apiserver") * 1000.0 / run.pods.max(1) as f64;
+    println!(
+        "Backlog drain: {pods} whole-card pods created while no scheduler ran, then the scheduler started; timed from its start until every pod was bound.\n"
+    );
+    println!(
+        "| scheduler | bound pods/s | scheduler CPU s | kube-apiserver CPU s | apiserver CPU ms per bound pod |"
+    );
+    println!("| --- | --- | --- | --- | --- |");
+    for (name, run, process) in [
+        ("kube-scheduler", &backlog_kube, "kube-scheduler"),
+        ("ours", &backlog_ours, "runtimekit-operator"),
+    ] {
+        println!(
+            "| {name} | {:.0} | {:.1} | {:.1} | {:.2} |",
+            run.pods_per_sec,
+            cpu_of(&run.cpu, process),
+            cpu_of(&run.cpu, "kube-apiserver"),
+            apiserver_ms_per_pod(run)
+        );
+    }
+    println!(
+        "\nBursts: pods created as fast as the apiserver takes them, the scheduler running.\n"
     );
     println!(
         "| run | pods | bound pods/s | created pods/s | p50 create-to-bound ms | p99 create-to-bound ms |"
@@ -174,6 +252,8 @@ async fn bench(cluster: &Cluster) -> Result<()> {
         ("ours burst", &ours),
         ("ours TDM burst", &tdm),
         ("ours steady", &steady),
+        ("kube-scheduler backlog", &backlog_kube),
+        ("ours backlog", &backlog_ours),
     ] {
         let cells: Vec<String> = run.cpu.iter().map(|(_, s)| format!("{s:.1}")).collect();
         println!("| {name} | {} |", cells.join(" | "));
@@ -181,15 +261,24 @@ async fn bench(cluster: &Cluster) -> Result<()> {
     println!(
         "\n| process | peak RSS MiB |\n| --- | --- |\n| ours | {ours_rss:.1} |\n| kube-scheduler | {kube_rss:.1} |\n"
     );
+    // Parts of the benchmark not built yet report null (docs/benchmarks.md says which).
     let report = json!({
-        "ours_pods_per_sec": round(ours.pods_per_sec),
-        "kube_scheduler_pods_per_sec": round(kube.pods_per_sec),
-        "ratio": round2(ours.pods_per_sec / kube.pods_per_sec),
-        "binding_ceiling_pods_per_sec": round(ceiling.pods_per_sec),
+        "backlog_ours_pods_per_sec": round(backlog_ours.pods_per_sec),
+        "backlog_kube_scheduler_pods_per_sec": round(backlog_kube.pods_per_sec),
+        "backlog_ratio": round2(backlog_ours.pods_per_sec / backlog_kube.pods_per_sec),
+        "apiserver_cpu_ms_per_pod_ours": round2(apiserver_ms_per_pod(&backlog_ours)),
+        "apiserver_cpu_ms_per_pod_kube_scheduler": round2(apiserver_ms_per_pod(&backlog_kube)),
         "p99_create_to_bound_ms": round(steady.p99_ms),
         "ours_rss_mib": round2(ours_rss),
         "kube_scheduler_rss_mib": round2(kube_rss),
-        "tdm_pods_per_sec": round(tdm.pods_per_sec),
+        "nodes": nodes,
+        "gang_512_bound_s": null,
+        "peer_name": null,
+        "peer_tdm_pods_per_sec": null,
+        "ours_tdm_pods_per_sec": round(tdm.pods_per_sec),
+        "burst_ours_pods_per_sec": round(ours.pods_per_sec),
+        "burst_kube_scheduler_pods_per_sec": round(kube.pods_per_sec),
+        "binding_ceiling_pods_per_sec": round(ceiling.pods_per_sec),
     });
     println!("{report}");
     Ok(())
@@ -237,6 +326,13 @@ impl Processes {
         Ok(Processes(list))
     }
 
+    /// [`Processes::cpu`] without the process `name`, which is about to be started again.
+    fn cpu_without(&self, name: &str) -> Vec<(String, f64)> {
+        let mut cpu = self.cpu();
+        cpu.retain(|(n, _)| n != name);
+        cpu
+    }
+
     /// CPU seconds (user and system) each process used so far.
     fn cpu(&self) -> Vec<(String, f64)> {
         self.0
@@ -260,12 +356,81 @@ impl Processes {
     }
 }
 
+/// CPU seconds each process used between two readings; a process missing from `before` (started
+/// since) counts from zero.
 fn cpu_since(before: &[(String, f64)], after: &[(String, f64)]) -> Vec<(String, f64)> {
     after
         .iter()
-        .zip(before)
-        .map(|((name, a), (_, b))| (name.clone(), a - b))
+        .map(|(name, a)| {
+            let b = before
+                .iter()
+                .find(|(n, _)| n == name)
+                .map_or(0.0, |(_, b)| *b);
+            (name.clone(), a - b)
+        })
         .collect()
+}
+
+/// The CPU seconds of one process in a run's readings.
+fn cpu_of(cpu: &[(String, f64)], name: &str) -> f64 {
+    cpu.iter().find(|(n, _)| n == name).map_or(0.0, |(_, s)| *s)
+}
+
+/// Stops the operator with SIGTERM (it gives up its Lease on the way out) and waits for it.
+fn stop_gracefully(operator: &mut Child) -> Result<()> {
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(operator.id())?);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)?;
+    operator.wait()?;
+    Ok(())
+}
+
+/// Part 1 of the benchmark: pods created while no scheduler runs, waiting for one.
+struct Backlog {
+    ns: String,
+    count: usize,
+    created: HashMap<String, Instant>,
+    bound: Arc<Mutex<HashMap<String, Instant>>>,
+    watch: tokio::task::JoinHandle<()>,
+}
+
+impl Backlog {
+    /// Creates `count` whole-card pods for `scheduler`, which must not be running.
+    async fn create(client: &Client, ns: &str, scheduler: &str, count: usize) -> Result<Backlog> {
+        eprintln!("{ns}: {count} pending pods for {scheduler}, then {scheduler} started");
+        namespace(client, ns).await?;
+        let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+        let created = create_pods(&api, scheduler, &json!({"nvidia.com/gpu": "1"}), count).await?;
+        let (bound, watch) = watch_bound(client, ns);
+        // The watch's first list, before the scheduler starts.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        Ok(Backlog {
+            ns: ns.to_owned(),
+            count,
+            created,
+            bound,
+            watch,
+        })
+    }
+
+    /// Waits until every pod is bound, timing from `started` (when the scheduler was started);
+    /// CPU from `before` to `processes`' readings now.
+    async fn drain(
+        self,
+        client: &Client,
+        started: Instant,
+        before: &[(String, f64)],
+        processes: &Processes,
+    ) -> Result<Run> {
+        let end = wait_all_bound(&self.bound, self.count, Duration::from_secs(900)).await?;
+        let cpu = cpu_since(before, &processes.cpu());
+        self.watch.abort();
+        let bound = self.bound.lock().map(|b| b.clone()).unwrap_or_default();
+        let mut run = measure(self.count, started, end, &self.created, &bound);
+        run.cpu = cpu;
+        eprintln!("{}: {:.0} pods/s", self.ns, run.pods_per_sec);
+        cleanup(client, &self.ns).await?;
+        Ok(run)
+    }
 }
 
 /// The operator's own view of its work: the sums and counts of its latency histograms.
@@ -332,10 +497,38 @@ async fn burst(
     let (bound, watch) = watch_bound(client, ns);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let api: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let created = Arc::new(Mutex::new(HashMap::new()));
     let cpu_before = processes.cpu();
     let profile = profile_apiserver(cluster, ns)?;
     let start = Instant::now();
+    let created = create_pods(&api, scheduler, limits, count).await?;
+    let created_in = start.elapsed();
+    let end = wait_all_bound(&bound, count, Duration::from_secs(600)).await?;
+    watch.abort();
+    let bound = bound.lock().map(|b| b.clone()).unwrap_or_default();
+    let mut run = measure(count, start, end, &created, &bound);
+    run.created_per_sec = count as f64 / created_in.as_secs_f64();
+    run.cpu = cpu_since(&cpu_before, &processes.cpu());
+    eprintln!(
+        "{ns}: {:.0} pods/s, p99 {:.0} ms",
+        run.pods_per_sec, run.p99_ms
+    );
+    if let Some((mut kubectl, path)) = profile {
+        kubectl.wait()?;
+        eprintln!("{ns}: apiserver CPU profile in {}", path.display());
+    }
+    cleanup(client, ns).await?;
+    Ok(run)
+}
+
+/// Creates `count` pods for `scheduler` with [`CONCURRENCY`] requests in flight; returns when
+/// each was created.
+async fn create_pods(
+    api: &Api<Pod>,
+    scheduler: &str,
+    limits: &serde_json::Value,
+    count: usize,
+) -> Result<HashMap<String, Instant>> {
+    let created = Arc::new(Mutex::new(HashMap::new()));
     stream::iter(0..count)
         .map(|i| {
             let (api, created) = (api.clone(), Arc::clone(&created));
@@ -352,24 +545,7 @@ async fn burst(
         .buffer_unordered(CONCURRENCY)
         .try_collect::<Vec<()>>()
         .await?;
-    let created_in = start.elapsed();
-    let end = wait_all_bound(&bound, count, Duration::from_secs(600)).await?;
-    watch.abort();
-    let created = created.lock().map(|c| c.clone()).unwrap_or_default();
-    let bound = bound.lock().map(|b| b.clone()).unwrap_or_default();
-    let mut run = measure(count, start, end, &created, &bound);
-    run.created_per_sec = count as f64 / created_in.as_secs_f64();
-    run.cpu = cpu_since(&cpu_before, &processes.cpu());
-    eprintln!(
-        "{ns}: {:.0} pods/s, p99 {:.0} ms",
-        run.pods_per_sec, run.p99_ms
-    );
-    if let Some((mut kubectl, path)) = profile {
-        kubectl.wait()?;
-        eprintln!("{ns}: apiserver CPU profile in {}", path.display());
-    }
-    cleanup(client, ns).await?;
-    Ok(run)
+    Ok(created.lock().map(|c| c.clone()).unwrap_or_default())
 }
 
 /// With BENCH_PROFILE set, records a CPU profile of the apiserver over the first
@@ -441,8 +617,8 @@ fn measure(
 }
 
 /// A steady stream of pods for ours, for the latency at a moderate rate.
-async fn steady(client: &Client, processes: &Processes, ns: &str) -> Result<Run> {
-    let count = (STEADY_RATE * STEADY_SECONDS) as usize;
+async fn steady(client: &Client, processes: &Processes, ns: &str, seconds: u64) -> Result<Run> {
+    let count = (STEADY_RATE * seconds) as usize;
     eprintln!("{ns}: {count} pods at {STEADY_RATE}/s");
     namespace(client, ns).await?;
     let (bound, watch) = watch_bound(client, ns);
@@ -485,7 +661,7 @@ async fn steady(client: &Client, processes: &Processes, ns: &str) -> Result<Run>
 }
 
 /// Bindings posted in a tight loop for pods no scheduler handles: what this apiserver can take.
-async fn binding_ceiling(client: &Client, ns: &str, count: usize) -> Result<Run> {
+async fn binding_ceiling(client: &Client, ns: &str, count: usize, nodes: usize) -> Result<Run> {
     eprintln!("{ns}: {count} Bindings in a tight loop");
     namespace(client, ns).await?;
     let api: Api<Pod> = Api::namespaced(client.clone(), ns);
@@ -511,7 +687,7 @@ async fn binding_ceiling(client: &Client, ns: &str, count: usize) -> Result<Run>
             let api = api.clone();
             async move {
                 let name = format!("b-{i:05}");
-                let node = format!("bench-{:04}", i % NODES);
+                let node = format!("bench-{:04}", i % nodes);
                 let binding = json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name}, "target": {"kind": "Node", "name": node}});
                 let posted: serde_json::Value = api.create_subresource("binding", &name, &PostParams::default(), &binding).await?;
                 drop(posted);

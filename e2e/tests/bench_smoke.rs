@@ -1,0 +1,57 @@
+//! `just bench-scheduler` in its smoke form (`BENCH_SMOKE`: 50 nodes, a few hundred pods per run),
+//! so the benchmark's code keeps working between the runs that measure: every run completes and
+//! the last line is the JSON object with every key the benchmark promises. No figure is judged
+//! here; figures are read from the full run (`docs/benchmarks.md`).
+
+use runtimekit_e2e::workspace_binary::workspace_binary;
+use std::process::Command;
+
+const KEYS: [&str; 13] = [
+    "backlog_ours_pods_per_sec",
+    "backlog_kube_scheduler_pods_per_sec",
+    "backlog_ratio",
+    "apiserver_cpu_ms_per_pod_ours",
+    "apiserver_cpu_ms_per_pod_kube_scheduler",
+    "p99_create_to_bound_ms",
+    "ours_rss_mib",
+    "kube_scheduler_rss_mib",
+    "nodes",
+    "gang_512_bound_s",
+    "peer_name",
+    "peer_tdm_pods_per_sec",
+    "ours_tdm_pods_per_sec",
+];
+
+#[test]
+fn the_scheduler_benchmark_runs_in_its_smoke_form() {
+    // The benchmark starts the operator from beside itself.
+    workspace_binary("runtimekit-operator", "runtimekit-operator").unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_bench-scheduler"))
+        .env("BENCH_SMOKE", "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(stdout.lines().last().unwrap_or_default()).unwrap();
+    for key in KEYS {
+        assert!(report.get(key).is_some(), "{key} in {report}");
+    }
+    assert_eq!(report["nodes"], 50);
+    for measured in [
+        "backlog_ours_pods_per_sec",
+        "backlog_kube_scheduler_pods_per_sec",
+        "apiserver_cpu_ms_per_pod_ours",
+        "ours_tdm_pods_per_sec",
+    ] {
+        assert!(
+            report[measured].as_f64().is_some_and(|v| v > 0.0),
+            "{measured} in {report}"
+        );
+    }
+    assert!(stdout.contains("Backlog drain"), "{stdout}");
+}
