@@ -83,7 +83,7 @@ soak-check:
     cargo build --quiet --locked -p runtimekit-operator -p runtimekit-e2e --bin runtimekit-operator --bin soak
     target/debug/soak --minutes 2 --rate 25
 
-# Scheduler benchmark against kube-scheduler on a real control plane with 1,000 kwok nodes (table, then JSON).
+# Scheduler benchmark against kube-scheduler on a real control plane with 1,000 kwok nodes: backlog drain, bursts, steady rate, Binding ceiling (tables, then JSON). `BENCH_SMOKE=1` runs the small form CI runs.
 bench-scheduler:
     cargo build --quiet --locked --release -p runtimekit-operator -p runtimekit-e2e --bin runtimekit-operator --bin bench-scheduler
     target/release/bench-scheduler
