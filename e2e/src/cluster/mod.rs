@@ -562,6 +562,7 @@ pub fn stop_recorded(dir: &Path) -> Result<usize> {
     }
     real_node::unmount_all(dir);
     real_node::remove_stale_sockets(dir);
+    simulated::remove_simulated(dir);
     std::fs::remove_file(&path)?;
     Ok(stopped)
 }

@@ -9,8 +9,9 @@ use crate::workspace_binary::workspace_binary;
 use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::Node;
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
-/// The folder, under the cluster's, of the simulated nodes' state.
+/// The link, in the cluster's folder, to the simulated nodes' folder ([`short_root`]).
 const SIMULATED_DIR: &str = "simulated";
 /// The group every node agent's certificate names (config/node-agent/rbac.yaml binds it).
 pub const AGENT_GROUP: &str = "runtimekit:node-agents";
@@ -87,7 +88,7 @@ impl Cluster {
                 .await
                 .with_context(|| format!("creating node {}", node.name))?;
         }
-        let root = self.dir.join(SIMULATED_DIR);
+        let root = short_root(&self.dir)?;
         let kubelet_root = |node: &SimulatedNode| root.join(&node.name).join("kubelet");
         let mut kubelet_args = vec![format!("--kubeconfig={}", self.kubeconfig.display())];
         kubelet_args.extend(
@@ -123,5 +124,33 @@ impl Cluster {
             self.spawn(&format!("node-agent-{}", node.name), &agent, &args)?;
         }
         Ok(())
+    }
+}
+
+/// A folder of its own for the simulated nodes' state and sockets, short whatever the cluster's
+/// folder (a unix socket's path has at most 107 bytes, and a device plugin's is
+/// `<kubelet>/device-plugins/runtimekit-aliyun-com-gpu-memory.sock`): under the system's
+/// temporary folder, named after the cluster's folder, emptied, and linked from it as
+/// `simulated` so that [`remove_simulated`] finds it.
+fn short_root(dir: &Path) -> Result<PathBuf> {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    dir.hash(&mut hasher);
+    let root = std::env::temp_dir().join(format!("rk-sim-{:08x}", hasher.finish() & 0xffff_ffff));
+    if root.exists() {
+        std::fs::remove_dir_all(&root).with_context(|| format!("clearing {}", root.display()))?;
+    }
+    std::fs::create_dir_all(&root)?;
+    let link = dir.join(SIMULATED_DIR);
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(&root, &link)
+        .with_context(|| format!("linking {}", link.display()))?;
+    Ok(root)
+}
+
+/// Removes the simulated nodes' folder of the cluster in `dir`, once their processes stopped.
+pub fn remove_simulated(dir: &Path) {
+    if let Ok(root) = std::fs::read_link(dir.join(SIMULATED_DIR)) {
+        let _ = std::fs::remove_dir_all(root);
     }
 }

@@ -128,6 +128,7 @@ async fn bring_up(cluster: &mut Cluster, progress: &mut Progress) -> Result<Demo
     let mut nodes: Vec<String> = simulated.iter().map(|n| n.name.clone()).collect();
     nodes.push(REAL_NODE.to_owned());
     wait_reported(&client, &nodes).await?;
+    wait_offered(&client, &nodes, &names.gpu).await?;
 
     // kubectl and kubectl-gpu ready before the examples, so what is shown follows their placing.
     let bin = cluster.dir.join("bin");
@@ -248,6 +249,30 @@ async fn wait_reported(client: &Client, nodes: &[String]) -> Result<()> {
         };
         Ok(nodes.iter().all(reported).then_some(()))
     })
+    .await
+}
+
+/// Waits until every node's kubelet offers the agent's cards as `resource` (its device plugins
+/// registered).
+async fn wait_offered(client: &Client, nodes: &[String], resource: &str) -> Result<()> {
+    let api: Api<Node> = Api::all(client.clone());
+    wait(
+        "every node's device plugins registered with its kubelet",
+        || async {
+            let listed = api.list(&ListParams::default()).await?.items;
+            let offers = |name: &String| {
+                listed.iter().any(|n| {
+                    n.name_any() == *name
+                        && n.status
+                            .as_ref()
+                            .and_then(|s| s.allocatable.as_ref())
+                            .and_then(|a| a.get(resource))
+                            .is_some_and(|q| q.0 != "0")
+                })
+            };
+            Ok(nodes.iter().all(offers).then_some(()))
+        },
+    )
     .await
 }
 
