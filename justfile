@@ -8,7 +8,9 @@ default:
     @{{just_executable()}} --justfile {{justfile()}} --list --unsorted
 
 # The main job: the whole product on this machine. A control plane, a real node (containerd, runc, the kubelet) running the operator and the node agent deployed from config/, simulated nodes of every profile over two network pods, and the usage guide's examples placed and explained; it keeps running until `./just down`. The first run builds everything (minutes, with progress); later runs take under a minute.
-demo: node-packages
+demo:
+    @[ "$(id -u)" = 0 ] || { echo "the demo runs containerd and a kubelet, which need root: run ./just demo from a root shell (sudo -i, then cd back here)" >&2; exit 1; }
+    {{just_executable()}} --justfile {{justfile()}} node-packages
     cargo run --locked -p runtimekit-e2e --bin runtimekit-cluster -- demo
 
 # The whole test suite, as CI runs it: formatting, lints, unit, property, CRD drift and end-to-end tests, then a 2-minute soak.

@@ -92,7 +92,11 @@ pub fn http_body(response: &str) -> &str {
 /// /readyz) and returns the whole response, status line and headers included.
 pub fn http_get(addr: std::net::SocketAddr, path: &str) -> std::io::Result<String> {
     use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(addr)?;
+    // Bounded, so a stuck server fails the caller's wait instead of hanging it.
+    let timeout = std::time::Duration::from_secs(10);
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, timeout)?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
     write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
     let mut response = String::new();
     stream.read_to_string(&mut response)?;

@@ -1,7 +1,7 @@
 //! `./just demo` as a newcomer runs it (the same binary and code path, in a folder of its own):
 //! it must bring up the whole product, place every example of the usage guide and say so, leave
 //! a cluster that `kubectl gpu` answers about, start again when run a second time, and stop
-//! with `down`. Needs what the e2e suite needs (root, the node packages), and runs after it
+//! with `down`, which leaves nothing running. Needs what the e2e suite needs (root, the node packages), and runs after it
 //! (cargo runs test binaries one at a time), since one machine holds one real node.
 
 use std::path::{Path, PathBuf};
@@ -74,7 +74,9 @@ fn run_demo(dir: &Path) -> String {
 
 #[test]
 fn the_demo_runs_the_whole_product_and_leaves_a_cluster_to_use() {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("demo-cluster");
+    // A short folder: the real node's unix sockets live under it (107 bytes at most), and CI's
+    // checkout may be deep.
+    let dir = std::env::temp_dir().join("runtimekit-demo-test");
     let _down = Down(dir.clone());
     let first = run_demo(&dir);
 
@@ -211,7 +213,20 @@ fn the_demo_runs_the_whole_product_and_leaves_a_cluster_to_use() {
         "the demo: {first:.0} s, then {second:.0} s on a second run (until every example was placed)"
     );
 
+    // `down` stops every process the demo recorded and removes the simulated nodes' folder.
+    let recorded = std::fs::read_to_string(dir.join("pids")).unwrap();
+    let simulated = std::fs::read_link(dir.join("simulated")).unwrap();
     let down = cluster(&dir, "down");
     assert!(down.status.success(), "{down:?}");
     assert!(!dir.join("pids").exists(), "down leaves no PID file");
+    assert!(!simulated.exists(), "{} is left", simulated.display());
+    for line in recorded.lines() {
+        let pid = line.split(' ').nth(1).unwrap();
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
+        let program = line.splitn(3, ' ').nth(2).unwrap();
+        assert!(
+            exe.is_none_or(|e| !e.to_string_lossy().starts_with(program)),
+            "{line} still runs after down"
+        );
+    }
 }

@@ -53,7 +53,7 @@ async fn main() -> ExitCode {
         let recorded = dir.clone();
         let handler = ctrlc::set_handler(move || {
             eprintln!("interrupted: stopping what was started");
-            let _ = stop_recorded(&recorded);
+            let _ = runtimekit_e2e::cluster::interrupt(&recorded);
             std::process::exit(130);
         });
         if let Err(e) = handler {

@@ -405,6 +405,7 @@ impl Cluster {
         }
         real_node::unmount_all(&self.dir);
         real_node::remove_stale_sockets(&self.dir);
+        simulated::remove_simulated(&self.dir);
         let _ = std::fs::remove_file(self.dir.join(PID_FILE));
     }
 
@@ -420,6 +421,13 @@ impl Cluster {
         args: &[String],
         env: &[(String, String)],
     ) -> Result<()> {
+        // Held until the process is recorded, so an interrupt stops it too (see `interrupt`).
+        let interrupted = SPAWNING
+            .lock()
+            .map_err(|_| anyhow!("spawn lock poisoned"))?;
+        if *interrupted {
+            bail!("interrupted");
+        }
         let log = self.dir.join("logs").join(format!("{name}.log"));
         let file = File::options().create(true).append(true).open(&log)?;
         let mut command = Command::new(program);
@@ -531,6 +539,19 @@ impl Drop for Cluster {
 /// The file naming every process a cluster started: `name pid program` per line.
 pub const PID_FILE: &str = "pids";
 
+/// Whether the start was interrupted; held while a process is started and recorded.
+static SPAWNING: std::sync::Mutex<bool> = std::sync::Mutex::new(false);
+
+/// Stops the processes of the cluster in `dir` from a signal handler while another thread may
+/// be starting more: no process starts after this, and one being started is recorded first.
+pub fn interrupt(dir: &Path) -> Result<usize> {
+    let mut interrupted = SPAWNING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    *interrupted = true;
+    stop_recorded(dir)
+}
+
 /// Stops the processes recorded in `dir`'s PID file, checking that each PID still runs the
 /// recorded program (a reused PID is left alone). Returns how many were stopped.
 pub fn stop_recorded(dir: &Path) -> Result<usize> {
@@ -550,8 +571,11 @@ pub fn stop_recorded(dir: &Path) -> Result<usize> {
         let Ok(pid) = pid.parse::<i32>() else {
             continue;
         };
-        let running = std::fs::read_link(format!("/proc/{pid}/exe"))
-            .is_ok_and(|exe| exe == Path::new(program));
+        // A binary rebuilt since (cargo replaces the file) reads as `<path> (deleted)`.
+        let running = std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|exe| {
+            let exe = exe.to_string_lossy();
+            exe.strip_suffix(" (deleted)").unwrap_or(exe.as_ref()) == program
+        });
         if running {
             if name == "containerd" {
                 real_node::kill_containers(dir);

@@ -57,6 +57,26 @@ pub struct RealNode {
     pub layer_socket: PathBuf,
 }
 
+/// The longest unix socket path the node makes under the cluster's folder (the kubelet's pod
+/// resources), past which binding fails: the folder must leave room for it.
+const LONGEST_SOCKET: &str = "node/kubelet/pod-resources/kubelet.sock";
+/// The most bytes a unix socket's path may have.
+const SOCKET_PATH_MAX: usize = 107;
+
+/// Whether the node's sockets fit under the cluster's folder `dir`, with what to do if not.
+pub(crate) fn check_socket_room(dir: &Path) -> Result<()> {
+    let longest = dir.join(LONGEST_SOCKET);
+    let length = longest.as_os_str().len();
+    if length > SOCKET_PATH_MAX {
+        bail!(
+            "the cluster's folder {} is too deep for the real node: its socket {} would be {length} bytes, past the {SOCKET_PATH_MAX} a unix socket allows; give a shorter folder with --dir",
+            dir.display(),
+            longest.display()
+        );
+    }
+    Ok(())
+}
+
 /// What the node's processes need from the host, with how to get it.
 pub(crate) fn check_host() -> Result<()> {
     let missing: Vec<&str> = ["containerd", "runc", "ctr", "umoci", "busybox"]
@@ -120,6 +140,7 @@ impl Cluster {
     /// be Ready.
     pub fn start_real_node(&mut self, name: &str) -> Result<RealNode> {
         check_host()?;
+        check_socket_room(&self.dir)?;
         let dir = self.dir.join(NODE_DIR);
         for sub in ["containerd", "cni/net.d", "kubelet", "pod-logs", "gpu"] {
             std::fs::create_dir_all(dir.join(sub))?;

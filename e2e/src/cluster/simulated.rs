@@ -130,7 +130,7 @@ impl Cluster {
 /// A folder of its own for the simulated nodes' state and sockets, short whatever the cluster's
 /// folder (a unix socket's path has at most 107 bytes, and a device plugin's is
 /// `<kubelet>/device-plugins/runtimekit-aliyun-com-gpu-memory.sock`): under the system's
-/// temporary folder, named after the cluster's folder, emptied, and linked from it as
+/// temporary folder, named after the cluster's folder, made anew, and linked from it as
 /// `simulated` so that [`remove_simulated`] finds it.
 fn short_root(dir: &Path) -> Result<PathBuf> {
     use std::hash::{Hash, Hasher};
@@ -140,7 +140,11 @@ fn short_root(dir: &Path) -> Result<PathBuf> {
     if root.exists() {
         std::fs::remove_dir_all(&root).with_context(|| format!("clearing {}", root.display()))?;
     }
-    std::fs::create_dir_all(&root)?;
+    // Only root may look inside (the agents' kubeconfigs hold their keys); made anew, so a
+    // folder someone else made in between is refused rather than used.
+    std::os::unix::fs::DirBuilderExt::mode(&mut std::fs::DirBuilder::new(), 0o700)
+        .create(&root)
+        .with_context(|| format!("creating {}", root.display()))?;
     let link = dir.join(SIMULATED_DIR);
     let _ = std::fs::remove_file(&link);
     std::os::unix::fs::symlink(&root, &link)

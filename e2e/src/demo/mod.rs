@@ -34,16 +34,12 @@ const STEPS: usize = 8;
 /// What `./just demo` leaves running, for the caller to print or check.
 #[derive(Debug)]
 pub struct Demo {
-    /// The cluster's folder.
-    pub dir: PathBuf,
     /// The administrator's kubeconfig.
     pub kubeconfig: PathBuf,
     /// The folder holding `kubectl` and `kubectl-gpu`.
     pub bin: PathBuf,
     /// Seconds from the start until every example was placed.
     pub ready_after: Duration,
-    /// The examples applied.
-    pub examples: Vec<Example>,
     /// One member of the usage guide's gang, to explain.
     pub gang_member: Option<String>,
 }
@@ -77,6 +73,7 @@ pub async fn run(dir: &Path) -> Result<Demo> {
     }
     // Say what this machine lacks before anything starts.
     crate::cluster::real_node::check_host()?;
+    crate::cluster::real_node::check_socket_room(dir)?;
     progress.step("control plane: etcd, kube-apiserver, kube-controller-manager, JobSet, kwok");
     let mut cluster = Cluster::start(ClusterOptions {
         dir: dir.to_owned(),
@@ -129,6 +126,8 @@ async fn bring_up(cluster: &mut Cluster, progress: &mut Progress) -> Result<Demo
     nodes.push(REAL_NODE.to_owned());
     wait_reported(&client, &nodes).await?;
     wait_offered(&client, &nodes, &names.gpu).await?;
+    // The deployed agent (not the node's own, stopped) answers on the DaemonSet's port.
+    show::wait_exporter().await?;
 
     // kubectl and kubectl-gpu ready before the examples, so what is shown follows their placing.
     let bin = cluster.dir.join("bin");
@@ -163,11 +162,9 @@ async fn bring_up(cluster: &mut Cluster, progress: &mut Progress) -> Result<Demo
     progress.step("the real node's exporter (:9501), a few lines of one scrape");
     show::scrape().await?;
     Ok(Demo {
-        dir: cluster.dir.clone(),
         kubeconfig: cluster.kubeconfig.clone(),
         bin,
         ready_after,
-        examples,
         gang_member,
     })
 }

@@ -6,7 +6,7 @@ use super::examples::Example;
 use super::{output, pods_of, wait};
 use crate::cluster::Cluster;
 use crate::cluster::real_node::{METRICS_PORT, RealNode};
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, Client, ResourceExt};
 use std::path::Path;
@@ -69,16 +69,16 @@ pub(super) async fn container(cluster: &Cluster, node: &RealNode, client: &Clien
     let pod = pods.get(TDM_POD).await?;
     let on = pod.spec.as_ref().and_then(|s| s.node_name.clone());
     if on.as_deref() != Some(node.name.as_str()) {
-        println!(
-            "    {TDM_POD} landed on {}, a simulated node: no container runs there.",
-            on.unwrap_or_default()
+        bail!(
+            "{TDM_POD} landed on {}, not on the real node {}, so no container of it runs",
+            on.unwrap_or_default(),
+            node.name
         );
-        return Ok(());
     }
     let log = wait("the time-division container's report", || async {
         let mut command = cluster.kubectl();
         command.args(["logs", "-n", "default", TDM_POD]);
-        let log = output(command).unwrap_or_default();
+        let log = output(command)?;
         Ok(log.contains("RUNTIMEKIT_").then_some(log))
     })
     .await?;
@@ -89,13 +89,27 @@ pub(super) async fn container(cluster: &Cluster, node: &RealNode, client: &Clien
     Ok(())
 }
 
+/// One scrape of the real node's exporter.
+async fn metrics() -> Result<String> {
+    let address = std::net::SocketAddr::from(([127, 0, 0, 1], METRICS_PORT));
+    Ok(tokio::task::spawn_blocking(move || crate::tools::http_get(address, "/metrics")).await??)
+}
+
+/// Waits until the real node's deployed exporter serves its cards.
+pub(super) async fn wait_exporter() -> Result<()> {
+    wait("the deployed node agent's exporter to serve", || async {
+        Ok(metrics()
+            .await?
+            .contains("DCGM_FI_DEV_GPU_TEMP{")
+            .then_some(()))
+    })
+    .await
+}
+
 /// A few lines of the real node's exporter: the time-division pod's series and one card's.
 pub(super) async fn scrape() -> Result<()> {
-    let address = std::net::SocketAddr::from(([127, 0, 0, 1], METRICS_PORT));
     let text = wait("the exporter to show the time-division pod", || async {
-        let text = tokio::task::spawn_blocking(move || crate::tools::http_get(address, "/metrics"))
-            .await?
-            .unwrap_or_default();
+        let text = metrics().await?;
         Ok(text.contains(&format!("pod=\"{TDM_POD}\"")).then_some(text))
     })
     .await?;
