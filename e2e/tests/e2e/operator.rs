@@ -752,10 +752,23 @@ async fn contract_violations_are_reported(ctx: TestContext) -> Result<()> {
                 ),
             "{bad:?}"
         );
+        // The first attempt may come before the operator sees the node's agent report (and
+        // says so); the verdict on the memory comes with the next.
         let big = ctx
-            .wait_for("too-big to be marked", Duration::from_secs(20), || {
-                condition("too-big")
-            })
+            .wait_for(
+                "too-big to be marked for its memory",
+                Duration::from_secs(20),
+                || {
+                    let marked = condition("too-big");
+                    async move {
+                        Ok(marked.await?.filter(|c| {
+                            c.message
+                                .as_deref()
+                                .is_some_and(|m| m.contains("gpu-memory"))
+                        }))
+                    }
+                },
+            )
             .await?;
         let message = big.message.unwrap_or_default();
         ensure!(
