@@ -1,6 +1,7 @@
 //! The upstream binaries, built from the pinned Go tools modules by `e2e/scripts/build-tools.sh`.
 
 use anyhow::{Context, Result, bail};
+use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -101,4 +102,50 @@ pub fn http_get(addr: std::net::SocketAddr, path: &str) -> std::io::Result<Strin
     let mut response = String::new();
     stream.read_to_string(&mut response)?;
     Ok(response)
+}
+
+/// Runs `command` to its end: its standard output, or an error saying what it was and its
+/// standard error.
+pub fn run(mut command: Command) -> Result<String> {
+    let output = command
+        .output()
+        .with_context(|| format!("starting {command:?}"))?;
+    if !output.status.success() {
+        bail!(
+            "{command:?} failed ({}): {}{}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr),
+            String::from_utf8_lossy(&output.stdout)
+        );
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// Waits until `check` returns `Some`, polling every 100 ms, for at most `timeout`; an error is
+/// remembered and tried again (the apiserver may be busy), and said if time runs out.
+pub async fn wait_for<T, F, Fut>(
+    what: &str,
+    timeout: std::time::Duration,
+    mut check: F,
+) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Option<T>>>,
+{
+    let deadline = std::time::Instant::now() + timeout;
+    let mut last_error = None;
+    loop {
+        match check().await {
+            Ok(Some(value)) => return Ok(value),
+            Ok(None) => {}
+            Err(e) => last_error = Some(e),
+        }
+        if std::time::Instant::now() > deadline {
+            let detail = last_error
+                .map(|e| format!(" (last error: {e:#})"))
+                .unwrap_or_default();
+            bail!("timed out after {timeout:?} waiting for {what}{detail}");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
 }

@@ -4,8 +4,8 @@
 
 use super::Cluster;
 use super::real_node::{METRICS_PORT, PROFILE, RealNode};
-use crate::tools::repo_root;
-use anyhow::{Context, Result, bail};
+use crate::tools::{repo_root, run};
+use anyhow::{Context, Result};
 use serde_json::{Value, json};
 use std::path::PathBuf;
 
@@ -33,8 +33,8 @@ impl Cluster {
             .and_then(|p| p.parse().ok())
             .context("the apiserver's URL has no port")?;
         let overlay = node.write_overlay(port, &version)?;
-        let output = self
-            .kubectl()
+        let mut apply = self.kubectl();
+        apply
             .args([
                 "apply",
                 "--server-side",
@@ -43,15 +43,8 @@ impl Cluster {
                 "runtimekit-system",
                 "-k",
             ])
-            .arg(&overlay)
-            .output()?;
-        if !output.status.success() {
-            bail!(
-                "applying {}: {}",
-                overlay.display(),
-                String::from_utf8_lossy(&output.stderr)
-            );
-        }
+            .arg(&overlay);
+        run(apply)?;
         Ok(())
     }
 }

@@ -11,7 +11,7 @@
 
 use crate::cluster::Cluster;
 use crate::cluster::simulated::{AGENT_GROUP, agent_user};
-use crate::tools::repo_root;
+use crate::tools::{repo_root, run};
 use crate::workspace_binary::{workspace_binary, workspace_library};
 use anyhow::{Context, Result, bail};
 use k8s_openapi::api::core::v1::Node;
@@ -31,6 +31,8 @@ const NODE_DIR: &str = "node";
 const ISOLATION_DIR: &str = "isolation";
 /// The taint a kubelet with an external cloud provider registers with.
 const UNINITIALIZED: &str = "node.cloudprovider.kubernetes.io/uninitialized";
+/// The resource the agent offers a node's whole cards as, under the default prefix.
+const WHOLE_CARDS: &str = "aliyun.com/gpu";
 /// The kubelet's device-plugin folder: fixed in the kubelet, so one real node per machine.
 const DEVICE_PLUGINS: &str = "/var/lib/kubelet/device-plugins";
 /// How long containerd and the kubelet may take to come up.
@@ -325,17 +327,11 @@ impl Cluster {
             "node-agent/admission-policy.yaml",
             "runtime/runtimeclass.yaml",
         ] {
-            let output = self
-                .kubectl()
+            let mut apply = self.kubectl();
+            apply
                 .args(["apply", "--server-side", "--force-conflicts", "-f"])
-                .arg(config.join(file))
-                .output()?;
-            if !output.status.success() {
-                bail!(
-                    "applying config/{file}: {}",
-                    String::from_utf8_lossy(&output.stderr)
-                );
-            }
+                .arg(config.join(file));
+            run(apply)?;
         }
         Ok(())
     }
@@ -374,19 +370,11 @@ impl RealNode {
     /// (`docker.io/local/<name>:<tag>`, the name CRI looks up).
     pub fn import(&self, reference: &str, tar: &Path) -> Result<()> {
         let base = reference.rsplit_once(':').map_or(reference, |(b, _)| b);
-        let output = self
-            .ctr()
+        let mut import = self.ctr();
+        import
             .args(["images", "import", "--base-name", base])
-            .arg(tar)
-            .output()?;
-        if !output.status.success() {
-            bail!(
-                "importing {reference} from {}: {}",
-                tar.display(),
-                String::from_utf8_lossy(&output.stderr)
-            );
-        }
-        Ok(())
+            .arg(tar);
+        run(import).map(|_| ())
     }
 
     /// Builds (or finds cached) the images `names` and imports them; returns their references.
@@ -429,7 +417,7 @@ impl RealNode {
                         .context("giving the real node its address")?;
                 } else if tainted(&node) {
                     self.untaint(&nodes, &node).await?;
-                } else if ready(&node) && offers_cards(&node) {
+                } else if ready(&node) && offers_cards(&node, WHOLE_CARDS) {
                     return Ok(());
                 }
             }
@@ -491,12 +479,13 @@ fn ready(node: &Node) -> bool {
         .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
-/// Whether the kubelet counts the node agent's cards (its device plugins registered).
-fn offers_cards(node: &Node) -> bool {
+/// Whether the kubelet counts the node agent's cards as `resource` (its device plugins
+/// registered).
+pub(crate) fn offers_cards(node: &Node, resource: &str) -> bool {
     node.status
         .as_ref()
         .and_then(|s| s.allocatable.as_ref())
-        .and_then(|a| a.get("aliyun.com/gpu"))
+        .and_then(|a| a.get(resource))
         .is_some_and(|q| q.0 != "0")
 }
 
@@ -513,15 +502,9 @@ pub fn build_images(names: &[&str]) -> Result<Vec<(String, PathBuf)>> {
     let script = repo_root().join("e2e/scripts/build-images.sh");
     let mut command = Command::new(&script);
     crate::workspace_binary::plain_cargo_env(&mut command);
-    let output = command
-        .args(names)
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .with_context(|| format!("running {}", script.display()))?;
-    if !output.status.success() {
-        bail!("{} {names:?} failed ({})", script.display(), output.status);
-    }
-    Ok(String::from_utf8_lossy(&output.stdout)
+    // Its progress goes to the terminal; its output is the list.
+    command.args(names).stderr(std::process::Stdio::inherit());
+    Ok(run(command)?
         .lines()
         .filter_map(|l| l.split_once(' '))
         .map(|(r, t)| (r.to_owned(), PathBuf::from(t)))

@@ -10,7 +10,7 @@ pub mod examples;
 pub mod fleet;
 mod show;
 
-use crate::cluster::real_node::REAL_NODE;
+use crate::cluster::real_node::{REAL_NODE, offers_cards};
 use crate::cluster::{Cluster, ClusterOptions, stop_recorded};
 use crate::tools::repo_root;
 use anyhow::{Context, Result, bail};
@@ -23,7 +23,6 @@ use runtimekit_contract::config::SWITCHED_OFF;
 use runtimekit_crds::TopologyGroup;
 use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// How long one wait of the demo may take before it says what it was waiting for.
@@ -179,26 +178,13 @@ async fn label(client: &Client, node: &str, labels: serde_json::Value) -> Result
     Ok(())
 }
 
-/// Polls `check` until it gives `Some`, for at most [`WAIT`]; an error is remembered and tried
-/// again (the apiserver may be busy), and said if time runs out.
-async fn wait<T, F, Fut>(what: &str, mut check: F) -> Result<T>
+/// [`crate::tools::wait_for`] for at most [`WAIT`].
+async fn wait<T, F, Fut>(what: &str, check: F) -> Result<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<Option<T>>>,
 {
-    let deadline = Instant::now() + WAIT;
-    let mut last = String::new();
-    loop {
-        match check().await {
-            Ok(Some(value)) => return Ok(value),
-            Ok(None) => {}
-            Err(e) => last = format!(" (last error: {e:#})"),
-        }
-        if Instant::now() > deadline {
-            bail!("{what}: not within {WAIT:?}{last}");
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    crate::tools::wait_for(what, WAIT, check).await
 }
 
 fn pod_ready(pod: &Pod) -> bool {
@@ -258,14 +244,9 @@ async fn wait_offered(client: &Client, nodes: &[String], resource: &str) -> Resu
         || async {
             let listed = api.list(&ListParams::default()).await?.items;
             let offers = |name: &String| {
-                listed.iter().any(|n| {
-                    n.name_any() == *name
-                        && n.status
-                            .as_ref()
-                            .and_then(|s| s.allocatable.as_ref())
-                            .and_then(|a| a.get(resource))
-                            .is_some_and(|q| q.0 != "0")
-                })
+                listed
+                    .iter()
+                    .any(|n| n.name_any() == *name && offers_cards(n, resource))
             };
             Ok(nodes.iter().all(offers).then_some(()))
         },
@@ -375,19 +356,6 @@ fn install_tools(cluster: &Cluster, bin: &Path) -> Result<()> {
             .with_context(|| format!("linking {}", target.display()))?;
     }
     Ok(())
-}
-
-/// Runs a command and returns its standard output, or says what went wrong.
-fn output(mut command: Command) -> Result<String> {
-    let output = command.output()?;
-    if !output.status.success() {
-        bail!(
-            "{command:?}: {}{}",
-            String::from_utf8_lossy(&output.stderr),
-            String::from_utf8_lossy(&output.stdout)
-        );
-    }
-    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
 impl Demo {

@@ -3,9 +3,10 @@
 //! lines of the real node's exporter.
 
 use super::examples::Example;
-use super::{output, pods_of, wait};
+use super::{pods_of, wait};
 use crate::cluster::Cluster;
 use crate::cluster::real_node::{METRICS_PORT, RealNode};
+use crate::tools::run;
 use anyhow::{Context, Result, bail};
 use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, Client, ResourceExt};
@@ -25,7 +26,7 @@ pub(super) fn ledger(cluster: &Cluster) -> Result<()> {
     let mut command = cluster.kubectl();
     command.args(["get", "gpuslices,ganggroups,topologygroups", "-A"]);
     println!("  $ kubectl get gpuslices,ganggroups,topologygroups -A");
-    print!("{}", indented(&output(command)?));
+    print!("{}", indented(&run(command)?));
     Ok(())
 }
 
@@ -47,7 +48,7 @@ pub(super) async fn placements(
         command
             .env("KUBECONFIG", kubeconfig)
             .args(["explain", &name]);
-        print!("{}", indented(&output(command)?));
+        print!("{}", indented(&run(command)?));
         if pods.len() > 1 {
             let others: Vec<String> = pods[1..]
                 .iter()
@@ -78,7 +79,7 @@ pub(super) async fn container(cluster: &Cluster, node: &RealNode, client: &Clien
     let log = wait("the time-division container's report", || async {
         let mut command = cluster.kubectl();
         command.args(["logs", "-n", "default", TDM_POD]);
-        let log = output(command)?;
+        let log = run(command)?;
         Ok(log.contains("RUNTIMEKIT_").then_some(log))
     })
     .await?;

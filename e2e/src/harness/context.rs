@@ -11,7 +11,7 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// What one test works with.
 #[derive(Clone)]
@@ -98,33 +98,13 @@ impl TestContext {
         Ok(String::from_utf8_lossy(&output.stdout).into_owned())
     }
 
-    /// Waits until `check` returns `Some`, polling every 100 ms, for at most `timeout`.
-    pub async fn wait_for<T, F, Fut>(
-        &self,
-        what: &str,
-        timeout: Duration,
-        mut check: F,
-    ) -> Result<T>
+    /// Waits until `check` returns `Some`, for at most `timeout` ([`crate::tools::wait_for`]).
+    pub async fn wait_for<T, F, Fut>(&self, what: &str, timeout: Duration, check: F) -> Result<T>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<Option<T>>>,
     {
-        let deadline = Instant::now() + timeout;
-        let mut last_error = None;
-        loop {
-            match check().await {
-                Ok(Some(value)) => return Ok(value),
-                Ok(None) => {}
-                Err(e) => last_error = Some(e),
-            }
-            if Instant::now() > deadline {
-                let detail = last_error
-                    .map(|e| format!(" (last error: {e:#})"))
-                    .unwrap_or_default();
-                bail!("timed out after {timeout:?} waiting for {what}{detail}");
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        crate::tools::wait_for(what, timeout, check).await
     }
 
     /// A folder for this test's files (short, so unix sockets fit in it), created on first use
