@@ -390,15 +390,24 @@ mod tests {
             blocks in 100u64..5000,
             queue in 1usize..8,
         ) {
-            let shares = card(vec![
-                Container::new(Some(core), Policy::Enforce, blocks, queue),
-                Container::new(None, Policy::Enforce, 1000, 8),
-            ])
-            .run(20.0);
-            // Capped at its share, or below it when time-slicing gives it less than that.
+            let beside = |cap| {
+                card(vec![
+                    Container::new(cap, Policy::Enforce, blocks, queue),
+                    Container::new(None, Policy::Enforce, 1000, 8),
+                ])
+                .run(20.0)
+            };
+            let shares = beside(Some(core));
+            // Capped at its share, or at what time-slicing gives it uncapped beside the same
+            // neighbour when that is less (a program keeping one kernel queued against one
+            // keeping eight gets well under half: 0.25 at 48 % was seen).
             let target = f64::from(core) / 100.0;
+            let uncapped = beside(None)[0];
             proptest::prop_assert!(shares[0] <= target + 0.02, "{shares:?}");
-            proptest::prop_assert!(core > 50 || near(shares[0], target), "{shares:?}");
+            proptest::prop_assert!(
+                near(shares[0], target.min(uncapped)),
+                "{shares:?}, uncapped {uncapped}"
+            );
         }
     }
 
