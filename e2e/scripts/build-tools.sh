@@ -3,7 +3,8 @@
 # and caches them by version under $RUNTIMEKIT_CACHE (default ~/.cache/runtimekit), so a
 # second run takes seconds. Prints, for each family, the directory holding its binaries.
 #
-#   e2e/scripts/build-tools.sh [k8s|etcd|jobset|kwok ...]   (default: all)
+#   e2e/scripts/build-tools.sh [k8s|etcd|jobset|kwok|volcano ...]
+#   (default: all but volcano, the scheduler benchmark's peer)
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -17,7 +18,7 @@ module_version() {
 
 # The binaries of the families asked for, counted as they are built or found, so a cold build
 # says how far it is.
-declare -A per_family=([etcd]=1 [kwok]=1 [jobset]=1 [k8s]=5)
+declare -A per_family=([etcd]=1 [kwok]=1 [jobset]=1 [k8s]=5 [volcano]=1)
 total=0
 counted=0
 
@@ -33,7 +34,7 @@ build() {
     [ -x "$out/$name" ] && continue
     echo "building $name $version from $package ($counted of $total; a cold build takes minutes)" >&2
     local start=$SECONDS
-    (cd "$here/tools/$family" &&
+    (cd "${build_dir:-$here/tools/$family}" &&
       go build -trimpath -tags=selinux,notest,grpcnotrace -ldflags "-s -w $ldflags" -o "$out/$name.partial" "$package" >&2)
     mv "$out/$name.partial" "$out/$name"
     echo "built $name in $((SECONDS - start)) s" >&2
@@ -78,12 +79,32 @@ build_kwok() {
   { cat "$stages/pod-ready.yaml"; echo "---"; cat "$stages/pod-delete.yaml"; } >"$cache/bin/kwok-$v/pod-stages-running.yaml"
 }
 
+build_volcano() {
+  local v; v=$(cat "$here/tools/volcano/version")
+  local out="$cache/bin/volcano-$v"
+  # The release's own module, copied out of the read-only module cache to build in place.
+  if [ ! -x "$out/vc-scheduler" ]; then
+    local dir src
+    dir=$(go mod download -json "volcano.sh/volcano@$v" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+    src=$(mktemp -d)
+    cp -r "$dir/." "$src"
+    chmod -R u+w "$src"
+    mkdir -p "$out"
+    cp "$src"/config/crd/volcano/bases/scheduling.volcano.sh_{podgroups,queues}.yaml "$out/"
+    GOFLAGS=-mod=readonly build_dir=$src build volcano "$v" "" vc-scheduler=./cmd/scheduler >/dev/null
+    rm -rf "$src"
+  else
+    counted=$((counted + 1))
+  fi
+  echo "$out"
+}
+
 families=("$@")
 [ ${#families[@]} -gt 0 ] || families=(etcd kwok jobset k8s)
 for family in "${families[@]}"; do total=$((total + ${per_family[$family]:-0})); done
 for family in "${families[@]}"; do
   case $family in
-    k8s | etcd | jobset | kwok) "build_$family" ;;
-    *) echo "unknown tool family: $family (expected k8s, etcd, jobset or kwok)" >&2; exit 2 ;;
+    k8s | etcd | jobset | kwok | volcano) "build_$family" ;;
+    *) echo "unknown tool family: $family (expected k8s, etcd, jobset, kwok or volcano)" >&2; exit 2 ;;
   esac
 done

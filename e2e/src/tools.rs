@@ -29,18 +29,7 @@ impl Tools {
     /// Builds the binaries if the cache lacks them (minutes on a fresh machine, with progress on
     /// stderr) and returns where they are.
     pub fn ensure() -> Result<Tools> {
-        let script = repo_root().join("e2e/scripts/build-tools.sh");
-        let output = Command::new(&script)
-            .stderr(Stdio::inherit())
-            .output()
-            .with_context(|| format!("running {}", script.display()))?;
-        if !output.status.success() {
-            bail!("{} failed ({})", script.display(), output.status);
-        }
-        let dirs: Vec<PathBuf> = String::from_utf8_lossy(&output.stdout)
-            .lines()
-            .map(PathBuf::from)
-            .collect();
+        let dirs = build_tools(&[])?;
         let family = |prefix: &str| {
             dirs.iter()
                 .find(|d| {
@@ -59,10 +48,36 @@ impl Tools {
         })
     }
 
+    /// The scheduler benchmark's peer, Volcano's vc-scheduler, and its CRDs: built on first use
+    /// (minutes), not with the rest, since only the benchmark needs it.
+    pub fn volcano() -> Result<PathBuf> {
+        build_tools(&["volcano"])?
+            .pop()
+            .context("build-tools.sh printed no volcano directory")
+    }
+
     /// The kubectl built with the control plane (same version, so no skew warnings).
     pub fn kubectl(&self) -> PathBuf {
         self.k8s.join("kubectl")
     }
+}
+
+/// Runs `e2e/scripts/build-tools.sh` for `families` (all but the peer when empty); returns the
+/// directories it printed, one per family.
+fn build_tools(families: &[&str]) -> Result<Vec<PathBuf>> {
+    let script = repo_root().join("e2e/scripts/build-tools.sh");
+    let output = Command::new(&script)
+        .args(families)
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("running {}", script.display()))?;
+    if !output.status.success() {
+        bail!("{} failed ({})", script.display(), output.status);
+    }
+    Ok(String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(PathBuf::from)
+        .collect())
 }
 
 /// A TCP port free on 127.0.0.1 now.
