@@ -158,7 +158,9 @@ pub struct PodRef {
 /// Where a slice is in its life.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum SlicePhase {
-    /// Capacity is held for a gang member that is not bound yet.
+    /// Capacity is held for a gang member that is not bound yet. The scheduler leaves such a
+    /// slice without a phase, which means the same; this value is read, as earlier versions
+    /// wrote it.
     Reserved,
     /// The pod is bound; the node agent has not acted yet.
     Bound,

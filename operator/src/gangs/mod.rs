@@ -13,9 +13,9 @@ use crate::backoff::Backoff;
 use crate::jobset::JobSet;
 use crate::shared::Shared;
 use crate::state::{GangBinding, Life};
-use crate::writes::binding::{BindError, create_slice, post_binding};
+use crate::writes;
+use crate::writes::binding::{create_slice, post_binding};
 use crate::writes::report::Reports;
-use crate::writes::{self, slices::mark_reserved};
 use futures::future::join_all;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -236,12 +236,17 @@ impl Controller {
                             binding.placement.clone(),
                             binding.members.len(),
                         );
-                        // Informational: the bindings go ahead even if this write fails, and the
-                        // pass's last write says where they ended.
-                        if let Err(error) = self.write_status(&gang, status.clone()).await {
+                        // Informational, so written beside the members' writes rather than
+                        // before them (one round trip less per gang): the bindings go ahead even
+                        // if it fails, and the pass's last write, made after both, says where
+                        // they ended.
+                        let (marked, failure) = tokio::join!(
+                            self.write_status(&gang, status.clone()),
+                            self.bind(namespace, name, binding)
+                        );
+                        if let Err(error) = marked {
                             tracing::warn!(gang = name, %namespace, %error, "could not mark the GangGroup Reserved");
                         }
-                        let failure = self.bind(namespace, name, binding).await;
                         next::bound(&gang, status, members, failure, now)
                     }
                     Err(error) => next::unplaceable(&gang, status, members, error.to_string(), now),
@@ -377,7 +382,7 @@ impl Controller {
         .map(|v| v.to_string())
     }
 
-    /// Writes the slices of every member (marked Reserved), then the Bindings only if every
+    /// Writes the slices of every member (no phase yet: reserved), then the Bindings only if every
     /// slice was written. Members whose writes failed stay pending and give back what they held;
     /// the others stay bound. Returns why some member was not bound, if one was not.
     async fn bind(&self, namespace: &str, name: &str, binding: GangBinding) -> Option<String> {
@@ -387,11 +392,13 @@ impl Controller {
             let (pod_slices, _) = slices_and_allocation(pod, decision);
             all_slices.extend(pod_slices);
         }
-        let created = join_all(all_slices.iter().map(|slice| async {
-            create_slice(&slices, slice, writes::GANGS).await?;
-            mark_reserved(&slices, &slice.name_any(), writes::GANGS).await;
-            Ok::<(), BindError>(())
-        }))
+        // A slice without a phase is reserved: nobody acts on it until it is marked Bound, so a
+        // Reserved mark would be one more write per member that changes nothing.
+        let created = join_all(
+            all_slices
+                .iter()
+                .map(|slice| create_slice(&slices, slice, writes::GANGS)),
+        )
         .await;
         self.shared
             .lock()

@@ -113,16 +113,3 @@ async fn mark_bound(api: &Api<GpuSlice>, name: &str) -> Result<(), kube::Error> 
         Err(e) => Err(e),
     }
 }
-
-/// Marks a gang member's slice Reserved as `manager`: written, not yet bound. Best effort: the
-/// phase is informational, and the node agent sets the next one.
-pub async fn mark_reserved(api: &Api<GpuSlice>, name: &str, manager: &str) {
-    let body =
-        apply_body::<GpuSlice>(serde_json::json!({"status": {"phase": SlicePhase::Reserved}}));
-    if let Err(error) = api
-        .patch_status(name, &PatchParams::apply(manager), &Patch::Apply(&body))
-        .await
-    {
-        tracing::debug!(slice = name, %error, "could not mark a slice Reserved");
-    }
-}
