@@ -77,16 +77,17 @@ impl Fleet {
         Ok(())
     }
 
-    /// Plays the agents' heartbeat (every 30 s, a merge patch of the one field, as agents do),
-    /// so their cards stay offered; runs until dropped.
-    pub async fn heartbeat(self, client: Client) {
+    /// Plays the agents' heartbeat every `every` (agents beat every 30 s by default, and their
+    /// `--heartbeat-interval` sets it), a merge patch of the one field as agents write, so their
+    /// cards stay offered; runs until dropped.
+    pub async fn heartbeat(self, client: Client, every: Duration) {
         let groups: Api<TopologyGroup> = Api::all(client);
         let params = PatchParams {
             field_manager: Some("load-heartbeat".into()),
             ..PatchParams::default()
         };
         loop {
-            tokio::time::sleep(Duration::from_secs(30)).await;
+            tokio::time::sleep(every).await;
             stream::iter(0..self.nodes)
                 .map(|i| {
                     let (groups, params) = (groups.clone(), params.clone());

@@ -74,6 +74,7 @@ async fn main() -> ExitCode {
                     kube_scheduler,
                     profiling: false,
                     jobs_keep_running: false,
+                    node_lease_seconds: runtimekit_e2e::cluster::NODE_LEASE_SECONDS,
                 })
                 .await?;
                 if let Some(name) = real_node {

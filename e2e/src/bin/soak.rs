@@ -59,6 +59,7 @@ async fn main() -> Result<()> {
         kube_scheduler: false,
         profiling: false,
         jobs_keep_running: false,
+        node_lease_seconds: runtimekit_e2e::cluster::NODE_LEASE_SECONDS,
     })
     .await?;
     let result = soak(&cluster, &args).await;
@@ -125,7 +126,11 @@ async fn soak(cluster: &Cluster, args: &Args) -> Result<()> {
         mig_cards: 2,
     };
     fleet.create(&client).await?;
-    let heartbeats = tokio::spawn(fleet.clone().heartbeat(client.clone()));
+    let heartbeats = tokio::spawn(
+        fleet
+            .clone()
+            .heartbeat(client.clone(), Duration::from_secs(30)),
+    );
     let (mut operator, listen) = start_operator(cluster, "soak")?;
     let operator_pid = i32::try_from(operator.id())?;
     let outcome = async {

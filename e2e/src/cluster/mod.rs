@@ -50,7 +50,13 @@ pub struct ClusterOptions {
     /// kwok keeps the pods of Jobs running, as it does other pods, instead of completing them
     /// the moment they run (kwok's default), so a gang stays up (the demo).
     pub jobs_keep_running: bool,
+    /// How long kwok's node leases last; kwok renews each at a quarter of it, so a longer lease
+    /// is a lighter heartbeat for a large fleet (nothing here marks a node NotReady).
+    pub node_lease_seconds: u32,
 }
+
+/// kwok's node lease unless a run asks for another.
+pub const NODE_LEASE_SECONDS: u32 = 40;
 
 /// One started process.
 #[derive(Debug)]
@@ -302,7 +308,10 @@ impl Cluster {
                     KWOK_ANNOTATION
                 ),
                 format!("--server-address=127.0.0.1:{}", ports.kwok),
-                "--node-lease-duration-seconds=40".into(),
+                format!(
+                    "--node-lease-duration-seconds={}",
+                    options.node_lease_seconds
+                ),
                 "--cidr=10.128.0.1/12".into(),
             ]
             .into_iter()

@@ -80,6 +80,7 @@ pub async fn run(dir: &Path) -> Result<Demo> {
         kube_scheduler: false,
         profiling: false,
         jobs_keep_running: true,
+        node_lease_seconds: crate::cluster::NODE_LEASE_SECONDS,
     })
     .await?;
     match bring_up(&mut cluster, &mut progress).await {

@@ -61,6 +61,7 @@ impl Harness {
             kube_scheduler: false,
             profiling: false,
             jobs_keep_running: false,
+            node_lease_seconds: crate::cluster::NODE_LEASE_SECONDS,
         }))?;
         eprintln!(
             "control plane ready in {:.1} s ({})",

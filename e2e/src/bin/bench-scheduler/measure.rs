@@ -2,6 +2,7 @@
 //! process's CPU and memory.
 
 use crate::CONCURRENCY;
+use crate::workload::Workload;
 use anyhow::{Context, Result, bail};
 use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
@@ -10,7 +11,6 @@ use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use runtimekit_e2e::cluster::Cluster;
 use runtimekit_e2e::load::{rss_mib, tear_down_released};
-use serde_json::json;
 use std::collections::HashMap;
 use std::process::Child;
 use std::sync::{Arc, Mutex};
@@ -30,6 +30,7 @@ pub struct Run {
 }
 
 /// The processes whose CPU time a run reports.
+#[derive(Clone)]
 pub struct Processes(pub Vec<(String, i32)>);
 
 impl Processes {
@@ -112,14 +113,6 @@ pub fn operator_metrics(listen: std::net::SocketAddr) -> Vec<String> {
         .collect()
 }
 
-pub fn pod(name: &str, scheduler: &str, limits: &serde_json::Value) -> Result<Pod> {
-    Ok(serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-        "spec": {"schedulerName": scheduler, "runtimeClassName": "lj-runtime", "terminationGracePeriodSeconds": 0,
-                 "containers": [{"name": "app", "image": "busybox", "resources": {"limits": limits}}]}
-    }))?)
-}
-
 /// Records when each pod of a namespace was first seen bound.
 pub fn watch_bound(
     client: &Client,
@@ -149,22 +142,24 @@ pub fn watch_bound(
     (bound, task)
 }
 
-/// Creates `count` pods for `scheduler` with [`CONCURRENCY`] requests in flight; returns when
-/// each was created.
+/// Creates `count` pods of `workload` (and their groups first) with [`CONCURRENCY`] requests
+/// in flight; returns when each was created.
 pub async fn create_pods(
-    api: &Api<Pod>,
-    scheduler: &str,
-    limits: &serde_json::Value,
+    client: &Client,
+    ns: &str,
+    workload: &Workload,
     count: usize,
 ) -> Result<HashMap<String, Instant>> {
+    workload.create_groups(client, ns, count).await?;
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
     let created = Arc::new(Mutex::new(HashMap::new()));
     stream::iter(0..count)
         .map(|i| {
             let (api, created) = (api.clone(), Arc::clone(&created));
             async move {
-                let name = format!("p-{i:05}");
-                api.create(&PostParams::default(), &pod(&name, scheduler, limits)?)
-                    .await?;
+                let pod = workload.pod("p", i)?;
+                let name = pod.name_any();
+                api.create(&PostParams::default(), &pod).await?;
                 if let Ok(mut c) = created.lock() {
                     c.insert(name, Instant::now());
                 }
@@ -288,4 +283,51 @@ pub async fn cleanup(client: &Client, ns: &str) -> Result<()> {
 
 pub fn peak_rss(pid: i32) -> Result<f64> {
     Ok(rss_mib(pid)?.1)
+}
+
+/// The apiserver's request counts so far, by verb and resource (`POST pods/binding`).
+pub fn apiserver_requests(cluster: &Cluster) -> Result<HashMap<String, f64>> {
+    let output = cluster
+        .kubectl()
+        .args(["get", "--raw", "/metrics"])
+        .output()?;
+    let mut counts = HashMap::new();
+    for line in String::from_utf8_lossy(&output.stdout).lines() {
+        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.split_once("} ") else {
+            continue;
+        };
+        let label = |name: &str| {
+            labels
+                .split(',')
+                .find_map(|l| l.strip_prefix(&format!("{name}=\"")))
+                .map(|v| v.trim_end_matches('"').to_owned())
+                .unwrap_or_default()
+        };
+        let (resource, sub) = (label("resource"), label("subresource"));
+        let key = format!(
+            "{} {resource}{}{sub}",
+            label("verb"),
+            if sub.is_empty() { "" } else { "/" }
+        );
+        *counts.entry(key).or_insert(0.0) += value.parse::<f64>().unwrap_or(0.0);
+    }
+    Ok(counts)
+}
+
+/// The requests made between two readings, most first, those of at least `least`.
+pub fn requests_since(
+    before: &HashMap<String, f64>,
+    after: &HashMap<String, f64>,
+    least: f64,
+) -> Vec<(String, f64)> {
+    let mut made: Vec<(String, f64)> = after
+        .iter()
+        .map(|(k, a)| (k.clone(), a - before.get(k).copied().unwrap_or(0.0)))
+        .filter(|(_, n)| *n >= least)
+        .collect();
+    made.sort_by(|a, b| b.1.total_cmp(&a.1));
+    made
 }

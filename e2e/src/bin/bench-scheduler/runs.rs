@@ -2,22 +2,84 @@
 //! Binding ceiling.
 
 use crate::measure::{
-    Processes, Profile, Run, cleanup, cpu_of, cpu_since, create_pods, finish_profile, measure, pod,
-    profile_apiserver, wait_all_bound, watch_bound,
+    Processes, Profile, Run, apiserver_requests, cleanup, cpu_of, cpu_since, create_pods,
+    finish_profile, measure, profile_apiserver, requests_since, wait_all_bound, watch_bound,
 };
-use crate::{CONCURRENCY, OURS, STEADY_RATE};
+use crate::workload::Workload;
+use crate::{CONCURRENCY, STEADY_RATE};
 use anyhow::Result;
 use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::core::v1::Pod;
-use kube::Client;
 use kube::api::{Api, ListParams, PostParams};
+use kube::{Client, ResourceExt};
 use runtimekit_e2e::cluster::Cluster;
-use runtimekit_e2e::load::namespace;
+use runtimekit_e2e::load::{namespace, start_operator};
 use serde_json::json;
 use std::collections::HashMap;
 use std::process::Child;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+/// Our operator, run as its own process and restarted around each backlog of ours.
+pub struct Operator {
+    pub child: Child,
+    pub listen: std::net::SocketAddr,
+}
+
+impl Operator {
+    pub fn start(cluster: &Cluster) -> Result<Operator> {
+        let (child, listen) = start_operator(cluster, "bench")?;
+        Ok(Operator { child, listen })
+    }
+
+    /// A backlog drain of `count` pods of `workload` for ours: the operator is stopped while
+    /// they are created, then started again and timed until all are bound.
+    pub async fn backlog(
+        &mut self,
+        cluster: &Cluster,
+        client: &Client,
+        processes: &mut Processes,
+        ns: &str,
+        workload: &Workload,
+        count: usize,
+    ) -> Result<Run> {
+        stop_gracefully(&mut self.child)?;
+        let pending = (ns, workload, count);
+        drain_backlog(
+            cluster,
+            client,
+            processes,
+            pending,
+            "runtimekit-operator",
+            |_| {
+                *self = Operator::start(cluster)?;
+                Processes::of(cluster, &self.child)
+            },
+        )
+        .await
+    }
+}
+
+/// A backlog drain: `count` pods of `workload` in `ns`, created while the scheduler (the process
+/// `process`) is stopped; then `start` starts it and says which processes to read from then on,
+/// and the drain is timed until every pod is bound.
+pub async fn drain_backlog(
+    cluster: &Cluster,
+    client: &Client,
+    processes: &mut Processes,
+    (ns, workload, count): (&str, &Workload, usize),
+    process: &str,
+    start: impl FnOnce(&Processes) -> Result<Processes>,
+) -> Result<Run> {
+    let pending = Backlog::create(cluster, client, ns, workload, count).await?;
+    let before = processes.cpu_without(process);
+    let profile = profile_apiserver(cluster, ns)?;
+    let started = Instant::now();
+    *processes = start(processes)?;
+    pending
+        .drain(cluster, client, started, &before, processes, profile)
+        .await
+}
 
 /// Stops the operator with SIGTERM (it gives up its Lease on the way out) and waits for it.
 pub fn stop_gracefully(operator: &mut Child) -> Result<()> {
@@ -29,6 +91,7 @@ pub fn stop_gracefully(operator: &mut Child) -> Result<()> {
 
 /// Part 1 of the benchmark: pods created while no scheduler runs, waiting for one.
 pub struct Backlog {
+    requests: HashMap<String, f64>,
     ns: String,
     count: usize,
     created: HashMap<String, Instant>,
@@ -37,21 +100,23 @@ pub struct Backlog {
 }
 
 impl Backlog {
-    /// Creates `count` whole-card pods for `scheduler`, which must not be running.
+    /// Creates `count` pods of `workload`, whose scheduler must not be running.
     pub async fn create(
+        cluster: &Cluster,
         client: &Client,
         ns: &str,
-        scheduler: &str,
+        workload: &Workload,
         count: usize,
     ) -> Result<Backlog> {
+        let scheduler = &workload.scheduler;
         eprintln!("{ns}: {count} pending pods for {scheduler}, then {scheduler} started");
         namespace(client, ns).await?;
-        let api: Api<Pod> = Api::namespaced(client.clone(), ns);
-        let created = create_pods(&api, scheduler, &json!({"nvidia.com/gpu": "1"}), count).await?;
+        let created = create_pods(client, ns, workload, count).await?;
         let (bound, watch) = watch_bound(client, ns);
         // The watch's first list, before the scheduler starts.
         tokio::time::sleep(Duration::from_secs(1)).await;
         Ok(Backlog {
+            requests: apiserver_requests(cluster)?,
             ns: ns.to_owned(),
             count,
             created,
@@ -64,6 +129,7 @@ impl Backlog {
     /// CPU from `before` to `processes`' readings now.
     pub async fn drain(
         self,
+        cluster: &Cluster,
         client: &Client,
         started: Instant,
         before: &[(String, f64)],
@@ -82,10 +148,32 @@ impl Backlog {
             cpu_of(&cpu, "kube-apiserver"),
             cpu_of(&trailing, "kube-apiserver")
         );
+        let requests = apiserver_requests(cluster)?;
+        // The writes behind each bound pod (and the background's, when as many).
+        let least = (self.count / 2).max(1) as f64;
+        for (request, n) in requests_since(&self.requests, &requests, least) {
+            eprintln!(
+                "{}: {request}: {n:.0} ({:.2} per pod)",
+                self.ns,
+                n / self.count as f64
+            );
+        }
         let bound = self.bound.lock().map(|b| b.clone()).unwrap_or_default();
-        let mut run = measure(self.count, started, end, &self.created, &bound);
+        // Latency from the scheduler's start: the pods could not be bound before it.
+        let waiting: HashMap<String, Instant> = self
+            .created
+            .keys()
+            .map(|name| (name.clone(), started))
+            .collect();
+        let mut run = measure(self.count, started, end, &waiting, &bound);
         run.cpu = cpu;
-        eprintln!("{}: {:.0} pods/s", self.ns, run.pods_per_sec);
+        eprintln!(
+            "{}: {:.0} pods/s, p99 {:.0} ms from the start, apiserver CPU {:.2} ms per pod",
+            self.ns,
+            run.pods_per_sec,
+            run.p99_ms,
+            cpu_of(&run.cpu, "kube-apiserver") * 1000.0 / self.count as f64
+        );
         cleanup(client, &self.ns).await?;
         Ok(run)
     }
@@ -116,19 +204,17 @@ pub async fn burst(
     client: &Client,
     processes: &Processes,
     ns: &str,
-    scheduler: &str,
-    limits: &serde_json::Value,
+    workload: &Workload,
     count: usize,
 ) -> Result<Run> {
-    eprintln!("{ns}: {count} pods for {scheduler}");
+    eprintln!("{ns}: {count} pods for {}", workload.scheduler);
     namespace(client, ns).await?;
     let (bound, watch) = watch_bound(client, ns);
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
     let cpu_before = processes.cpu();
     let profile = profile_apiserver(cluster, ns)?;
     let start = Instant::now();
-    let created = create_pods(&api, scheduler, limits, count).await?;
+    let created = create_pods(client, ns, workload, count).await?;
     let created_in = start.elapsed();
     let end = wait_all_bound(&bound, count, Duration::from_secs(600)).await?;
     watch.abort();
@@ -145,11 +231,22 @@ pub async fn burst(
     Ok(run)
 }
 
-/// A steady stream of pods for ours, for the latency at a moderate rate.
-pub async fn steady(client: &Client, processes: &Processes, ns: &str, seconds: u64) -> Result<Run> {
+/// A steady stream of pods, for the latency at a moderate rate. Their groups, if any, are made
+/// first, as a controller would have.
+pub async fn steady(
+    client: &Client,
+    processes: &Processes,
+    ns: &str,
+    seconds: u64,
+    workload: &Workload,
+) -> Result<Run> {
     let count = (STEADY_RATE * seconds) as usize;
-    eprintln!("{ns}: {count} pods at {STEADY_RATE}/s");
+    eprintln!(
+        "{ns}: {count} pods at {STEADY_RATE}/s for {}",
+        workload.scheduler
+    );
     namespace(client, ns).await?;
+    workload.create_groups(client, ns, count).await?;
     let (bound, watch) = watch_bound(client, ns);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let api: Api<Pod> = Api::namespaced(client.clone(), ns);
@@ -161,14 +258,11 @@ pub async fn steady(client: &Client, processes: &Processes, ns: &str, seconds: u
     for i in 0..count {
         tick.tick().await;
         let (api, created) = (api.clone(), Arc::clone(&created));
+        let pod = workload.pod("s", i)?;
         tasks.push(tokio::spawn(async move {
-            let name = format!("s-{i:05}");
+            let name = pod.name_any();
             let issued = Instant::now();
-            api.create(
-                &PostParams::default(),
-                &pod(&name, OURS, &json!({"nvidia.com/gpu": "1"}))?,
-            )
-            .await?;
+            api.create(&PostParams::default(), &pod).await?;
             if let Ok(mut c) = created.lock() {
                 c.insert(name, issued);
             }
@@ -178,13 +272,17 @@ pub async fn steady(client: &Client, processes: &Processes, ns: &str, seconds: u
     for task in tasks {
         task.await??;
     }
-    let end = wait_all_bound(&bound, count, Duration::from_secs(120)).await?;
+    let end = wait_all_bound(&bound, count, Duration::from_secs(600)).await?;
     watch.abort();
     let created = created.lock().map(|c| c.clone()).unwrap_or_default();
     let bound = bound.lock().map(|b| b.clone()).unwrap_or_default();
     let mut run = measure(count, start, end, &created, &bound);
     run.created_per_sec = STEADY_RATE as f64;
     run.cpu = cpu_since(&cpu_before, &processes.cpu());
+    eprintln!(
+        "{ns}: {:.0} pods/s, p50 {:.0} ms, p99 {:.0} ms",
+        run.pods_per_sec, run.p50_ms, run.p99_ms
+    );
     cleanup(client, ns).await?;
     Ok(run)
 }
@@ -200,7 +298,7 @@ pub async fn binding_ceiling(client: &Client, ns: &str, count: usize, nodes: usi
             async move {
                 api.create(
                     &PostParams::default(),
-                    &pod(&format!("b-{i:05}"), "none", &json!({}))?,
+                    &Workload::new("none", json!({})).pod("b", i)?,
                 )
                 .await
                 .map(|_| ())

@@ -1,0 +1,252 @@
+//! The tables `just bench-scheduler` prints, one per part, and its closing JSON line.
+
+use crate::measure::{Processes, Run, cpu_of};
+use crate::peer::{self, Comparison};
+use crate::scale::Scale;
+use crate::{CONCURRENCY, STEADY_RATE};
+use runtimekit_e2e::load::CARDS;
+use serde_json::json;
+
+/// Everything one benchmark run measured.
+pub struct Results<'a> {
+    pub nodes: usize,
+    pub pods: usize,
+    pub processes: &'a Processes,
+    pub backlog_kube: Run,
+    pub backlog_ours: Run,
+    pub kube: Run,
+    pub ours: Run,
+    pub tdm: Run,
+    pub steady: Vec<Run>,
+    pub ceiling: Run,
+    pub ours_rss: f64,
+    pub kube_rss: f64,
+    pub comparison: Comparison,
+    pub scale: Scale,
+}
+
+/// The apiserver's CPU milliseconds per pod of a run.
+fn apiserver_ms_per_pod(run: &Run) -> f64 {
+    cpu_of(&run.cpu, "kube-apiserver") * 1000.0 / run.pods.max(1) as f64
+}
+
+/// A process's CPU milliseconds per pod of a run.
+fn ms_per_pod(run: &Run, process: &str) -> f64 {
+    cpu_of(&run.cpu, process) * 1000.0 / run.pods.max(1) as f64
+}
+
+pub fn print(results: &Results) {
+    let Results {
+        nodes,
+        pods,
+        processes,
+        backlog_kube,
+        backlog_ours,
+        kube,
+        ours,
+        tdm,
+        steady,
+        ceiling,
+        ours_rss,
+        kube_rss,
+        comparison,
+        scale,
+    } = results;
+    println!(
+        "\nscheduler benchmark: {nodes} kwok nodes x {CARDS} cards, {pods} pods per run, 2 cores shared with the control plane\n"
+    );
+    println!(
+        "Backlog drain: {pods} whole-card pods created while no scheduler ran, then the scheduler started; timed from its start until every pod was bound.\n"
+    );
+    println!(
+        "| scheduler | bound pods/s | scheduler CPU s | kube-apiserver CPU s | apiserver CPU ms per bound pod |"
+    );
+    println!("| --- | --- | --- | --- | --- |");
+    for (name, run, process) in [
+        ("kube-scheduler", &backlog_kube, "kube-scheduler"),
+        ("ours", &backlog_ours, "runtimekit-operator"),
+    ] {
+        println!(
+            "| {name} | {:.0} | {:.1} | {:.1} | {:.2} |",
+            run.pods_per_sec,
+            cpu_of(&run.cpu, process),
+            cpu_of(&run.cpu, "kube-apiserver"),
+            apiserver_ms_per_pod(run)
+        );
+    }
+    println!(
+        "\nBursts: pods created as fast as the apiserver takes them, the scheduler running.\n"
+    );
+    println!(
+        "| run | pods | bound pods/s | created pods/s | p50 create-to-bound ms | p99 create-to-bound ms |"
+    );
+    println!("| --- | --- | --- | --- | --- | --- |");
+    for (name, run) in [
+        ("kube-scheduler, nvidia.com/gpu: 1", &kube),
+        ("ours, nvidia.com/gpu: 1", &ours),
+        ("ours, gpu-core 25 + gpu-memory 4", &tdm),
+    ] {
+        println!(
+            "| {name} | {} | {:.0} | {:.0} | {:.0} | {:.0} |",
+            run.pods, run.pods_per_sec, run.created_per_sec, run.p50_ms, run.p99_ms
+        );
+    }
+    for (i, run) in steady.iter().enumerate() {
+        println!(
+            "| ours, steady {STEADY_RATE}/s, run {} | {} | {:.0} | {:.0} | {:.0} | {:.0} |",
+            i + 1,
+            run.pods,
+            run.pods_per_sec,
+            run.created_per_sec,
+            run.p50_ms,
+            run.p99_ms
+        );
+    }
+    println!(
+        "| Binding ceiling (tight loop, {CONCURRENCY} in flight) | {} | {:.0} | | | |",
+        ceiling.pods, ceiling.pods_per_sec
+    );
+    println!("\nCPU seconds each process used during a run:\n");
+    let names: Vec<&str> = processes.0.iter().map(|(n, _)| n.as_str()).collect();
+    println!("| run | {} |", names.join(" | "));
+    println!("|{}", " --- |".repeat(names.len() + 1));
+    for (name, run) in [
+        ("kube-scheduler burst", &kube),
+        ("ours burst", &ours),
+        ("ours TDM burst", &tdm),
+        ("kube-scheduler backlog", &backlog_kube),
+        ("ours backlog", &backlog_ours),
+    ] {
+        let cells: Vec<String> = names
+            .iter()
+            .map(|n| format!("{:.1}", cpu_of(&run.cpu, n)))
+            .collect();
+        println!("| {name} | {} |", cells.join(" | "));
+    }
+    println!(
+        "\n| process | peak RSS MiB |\n| --- | --- |\n| ours | {ours_rss:.1} |\n| kube-scheduler | {kube_rss:.1} |\n"
+    );
+    print_peer(comparison);
+    print_scale(scale);
+    let peer_name = peer::name();
+    let steady_p99 = steady.iter().map(|r| r.p99_ms).fold(0.0, f64::max);
+    let gang_512 = scale
+        .gangs
+        .iter()
+        .find(|(size, _)| *size == 512)
+        .and_then(|(_, times)| times.first().copied().flatten());
+    let report = json!({
+        "backlog_ours_pods_per_sec": round(backlog_ours.pods_per_sec),
+        "backlog_kube_scheduler_pods_per_sec": round(backlog_kube.pods_per_sec),
+        "backlog_ratio": round2(backlog_ours.pods_per_sec / backlog_kube.pods_per_sec),
+        "apiserver_cpu_ms_per_pod_ours": round2(apiserver_ms_per_pod(backlog_ours)),
+        "apiserver_cpu_ms_per_pod_kube_scheduler": round2(apiserver_ms_per_pod(backlog_kube)),
+        "p99_create_to_bound_ms": round(steady_p99),
+        "p99_create_to_bound_ms_runs": steady.iter().map(|r| round(r.p99_ms)).collect::<Vec<_>>(),
+        "ours_rss_mib": round2(*ours_rss),
+        "kube_scheduler_rss_mib": round2(*kube_rss),
+        "nodes": scale.nodes.max(*nodes),
+        "gang_512_bound_s": gang_512.map(round2),
+        "peer_name": peer_name,
+        "peer_tdm_pods_per_sec": round(comparison.tdm_peer.pods_per_sec),
+        "ours_tdm_pods_per_sec": round(comparison.tdm_ours.pods_per_sec),
+        "scale_pods_bound": scale.bound,
+        "scale_pods_created": scale.created,
+        "scale_jobsets": scale.gangs.iter().map(|(_, t)| t.len()).sum::<usize>(),
+        "scale_jobsets_bound": scale.gangs.iter().map(|(_, t)| t.iter().flatten().count()).sum::<usize>(),
+        "peer_gangs_pods_per_sec": round(comparison.gangs_peer.pods_per_sec),
+        "ours_gangs_pods_per_sec": round(comparison.gangs_ours.pods_per_sec),
+        "burst_ours_pods_per_sec": round(ours.pods_per_sec),
+        "burst_kube_scheduler_pods_per_sec": round(kube.pods_per_sec),
+        "burst_ours_tdm_pods_per_sec": round(tdm.pods_per_sec),
+        "binding_ceiling_pods_per_sec": round(ceiling.pods_per_sec),
+    });
+    println!("{report}");
+}
+
+/// Part 4's table: ours and the peer on the same pods.
+fn print_peer(c: &Comparison) {
+    println!(
+        "\nGPU-sharing peer: {}, on the same nodes (its device plugin's node reports written by the benchmark). Backlogs are timed from the scheduler's start until every pod is bound; the steady stream is {STEADY_RATE} pods/s.\n",
+        peer::name()
+    );
+    println!(
+        "| run | scheduler | bound pods/s | p50 ms | p99 ms | scheduler CPU ms per pod | apiserver CPU ms per pod |"
+    );
+    println!("| --- | --- | --- | --- | --- | --- | --- |");
+    for (name, run, process) in [
+        (
+            "TDM backlog (core 25 %, 4 GiB)",
+            &c.tdm_ours,
+            "runtimekit-operator",
+        ),
+        ("TDM backlog (core 25 %, 4 GiB)", &c.tdm_peer, peer::PROCESS),
+        ("TDM steady", &c.steady_ours, "runtimekit-operator"),
+        ("TDM steady", &c.steady_peer, peer::PROCESS),
+        (
+            "gangs of whole cards, backlog",
+            &c.gangs_ours,
+            "runtimekit-operator",
+        ),
+        (
+            "gangs of whole cards, backlog",
+            &c.gangs_peer,
+            peer::PROCESS,
+        ),
+    ] {
+        let who = if process == peer::PROCESS {
+            "peer"
+        } else {
+            "ours"
+        };
+        println!(
+            "| {name} | {who} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} |",
+            run.pods_per_sec,
+            run.p50_ms,
+            run.p99_ms,
+            ms_per_pod(run, process),
+            apiserver_ms_per_pod(run)
+        );
+    }
+}
+
+/// Part 3's table: the fill of the grown fleet and the JobSet gangs by size.
+fn print_scale(s: &Scale) {
+    println!(
+        "\nScale: {} nodes x {CARDS} cards; the mixed stream (40 % TDM, 20 % MIG, 30 % one whole card, 10 % several) created until it asked for 90 % of the cards.\n",
+        s.nodes
+    );
+    println!("| pods created | pods bound | cards' worth bound | bound pods/s |");
+    println!("| --- | --- | --- | --- |");
+    println!(
+        "| {} | {} | {:.1} % | {:.0} |",
+        s.created,
+        s.bound,
+        s.filled * 100.0,
+        s.pods_per_sec
+    );
+    println!(
+        "\nJobSet gangs, all created at once on the filled fleet: seconds from a JobSet's creation until all its members were bound.\n"
+    );
+    println!("| members | JobSets | all bound | median s | slowest s |");
+    println!("| --- | --- | --- | --- | --- |");
+    for (size, times) in &s.gangs {
+        let mut done: Vec<f64> = times.iter().flatten().copied().collect();
+        done.sort_by(f64::total_cmp);
+        let median = done.get(done.len() / 2).copied().unwrap_or(f64::NAN);
+        let slowest = done.last().copied().unwrap_or(f64::NAN);
+        println!(
+            "| {size} | {} | {} | {median:.1} | {slowest:.1} |",
+            times.len(),
+            done.len()
+        );
+    }
+}
+
+fn round(x: f64) -> f64 {
+    x.round()
+}
+
+fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
