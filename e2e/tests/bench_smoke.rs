@@ -52,8 +52,13 @@ fn the_scheduler_benchmark_runs_in_its_smoke_form() {
         Some(3),
         "{report}"
     );
-    // The smoke fleet has room for every pod and every gang.
-    assert_eq!(report["scale_pods_bound"], report["scale_pods_created"]);
+    // The smoke fleet, filled to 90 %, places nearly all of the mixed stream (a pod of eight
+    // cards that arrives late may find no free node) and every gang.
+    let count = |key: &str| report[key].as_f64().unwrap_or(0.0);
+    assert!(
+        count("scale_pods_bound") >= 0.95 * count("scale_pods_created"),
+        "{report}"
+    );
     assert_eq!(report["scale_jobsets_bound"], report["scale_jobsets"]);
     for measured in [
         "backlog_ours_pods_per_sec",
