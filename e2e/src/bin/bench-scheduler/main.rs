@@ -15,7 +15,6 @@ use anyhow::{Context, Result};
 use runtimekit_e2e::cluster::{Cluster, ClusterOptions};
 use runtimekit_e2e::load::{CARDS, Fleet, install_runtime_class, wait_operator_ready};
 use serde_json::json;
-use std::time::Instant;
 
 mod measure;
 mod peer;
@@ -24,8 +23,8 @@ mod runs;
 mod scale;
 mod workload;
 
-use measure::{Processes, Run, operator_metrics, peak_rss, profile_apiserver};
-use runs::{Backlog, Operator, binding_ceiling, burst, steady};
+use measure::{Processes, Run, operator_metrics, peak_rss};
+use runs::{Operator, binding_ceiling, burst, drain_backlog, steady};
 use workload::Workload;
 
 /// Writes in flight at once in the bursts and the Binding ceiling.
@@ -143,17 +142,22 @@ async fn bench(cluster: &mut Cluster, sizes: Sizes) -> Result<()> {
         json!({"aliyun.com/gpu-core": "25", "aliyun.com/gpu-memory": "4"}),
     );
     let backlog_kube = if wanted("backlog-kube") {
+        // Stopped through the cluster, which starts it again with the same flags.
         let stopped = cluster.stop_component("kube-scheduler")?;
-        let pending =
-            Backlog::create(cluster, &client, "bench-backlog-kube", &kube_whole, pods).await?;
-        let before = processes.cpu_without("kube-scheduler");
-        let profile = profile_apiserver(cluster, "bench-backlog-kube")?;
-        let started = Instant::now();
-        cluster.start_again(stopped)?;
-        processes = Processes::of(cluster, &operator.child)?;
-        pending
-            .drain(cluster, &client, started, &before, &processes, profile)
-            .await?
+        let pending = ("bench-backlog-kube", &kube_whole, pods);
+        let operator = &operator.child;
+        drain_backlog(
+            cluster,
+            &client,
+            &mut processes,
+            pending,
+            "kube-scheduler",
+            |cluster, _| {
+                cluster.start_again(stopped)?;
+                Processes::of(cluster, operator)
+            },
+        )
+        .await?
     } else {
         Run::default()
     };

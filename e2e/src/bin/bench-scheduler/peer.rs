@@ -155,7 +155,7 @@ pub struct Comparison {
 /// after), then ours on the same pods in our resource names.
 #[allow(clippy::too_many_arguments)]
 pub async fn compare(
-    cluster: &Cluster,
+    cluster: &mut Cluster,
     client: &Client,
     fleet: &Fleet,
     operator: &mut Operator,
@@ -258,7 +258,7 @@ struct Peer {
 impl Peer {
     async fn backlog(
         &mut self,
-        cluster: &Cluster,
+        cluster: &mut Cluster,
         client: &Client,
         processes: &mut Processes,
         ns: &str,
@@ -267,16 +267,23 @@ impl Peer {
     ) -> Result<Run> {
         self.stop();
         let pending = (ns, workload, count);
-        drain_backlog(cluster, client, processes, pending, PROCESS, |running| {
-            let child = start(cluster, &self.dir)?;
-            let mut processes = running.clone();
-            processes.0.retain(|(name, _)| name != PROCESS);
-            processes
-                .0
-                .push((PROCESS.into(), i32::try_from(child.id())?));
-            self.child = Some(child);
-            Ok(processes)
-        })
+        drain_backlog(
+            cluster,
+            client,
+            processes,
+            pending,
+            PROCESS,
+            |cluster, running| {
+                let child = start(cluster, &self.dir)?;
+                let mut processes = running.clone();
+                processes.0.retain(|(name, _)| name != PROCESS);
+                processes
+                    .0
+                    .push((PROCESS.into(), i32::try_from(child.id())?));
+                self.child = Some(child);
+                Ok(processes)
+            },
+        )
         .await
     }
 

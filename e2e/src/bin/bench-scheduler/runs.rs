@@ -36,7 +36,7 @@ impl Operator {
     /// they are created, then started again and timed until all are bound.
     pub async fn backlog(
         &mut self,
-        cluster: &Cluster,
+        cluster: &mut Cluster,
         client: &Client,
         processes: &mut Processes,
         ns: &str,
@@ -51,7 +51,7 @@ impl Operator {
             processes,
             pending,
             "runtimekit-operator",
-            |_| {
+            |cluster, _| {
                 *self = Operator::start(cluster)?;
                 Processes::of(cluster, &self.child)
             },
@@ -64,25 +64,25 @@ impl Operator {
 /// `process`) is stopped; then `start` starts it and says which processes to read from then on,
 /// and the drain is timed until every pod is bound.
 pub async fn drain_backlog(
-    cluster: &Cluster,
+    cluster: &mut Cluster,
     client: &Client,
     processes: &mut Processes,
     (ns, workload, count): (&str, &Workload, usize),
     process: &str,
-    start: impl FnOnce(&Processes) -> Result<Processes>,
+    start: impl FnOnce(&mut Cluster, &Processes) -> Result<Processes>,
 ) -> Result<Run> {
     let pending = Backlog::create(cluster, client, ns, workload, count).await?;
     let before = processes.cpu_without(process);
     let profile = profile_apiserver(cluster, ns)?;
     let started = Instant::now();
-    *processes = start(processes)?;
+    *processes = start(cluster, processes)?;
     pending
         .drain(cluster, client, started, &before, processes, profile)
         .await
 }
 
 /// Stops the operator with SIGTERM (it gives up its Lease on the way out) and waits for it.
-pub fn stop_gracefully(operator: &mut Child) -> Result<()> {
+fn stop_gracefully(operator: &mut Child) -> Result<()> {
     let pid = nix::unistd::Pid::from_raw(i32::try_from(operator.id())?);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)?;
     operator.wait()?;
@@ -90,7 +90,7 @@ pub fn stop_gracefully(operator: &mut Child) -> Result<()> {
 }
 
 /// Part 1 of the benchmark: pods created while no scheduler runs, waiting for one.
-pub struct Backlog {
+struct Backlog {
     requests: HashMap<String, f64>,
     ns: String,
     count: usize,
@@ -101,7 +101,7 @@ pub struct Backlog {
 
 impl Backlog {
     /// Creates `count` pods of `workload`, whose scheduler must not be running.
-    pub async fn create(
+    async fn create(
         cluster: &Cluster,
         client: &Client,
         ns: &str,
@@ -127,7 +127,7 @@ impl Backlog {
 
     /// Waits until every pod is bound, timing from `started` (when the scheduler was started);
     /// CPU from `before` to `processes`' readings now.
-    pub async fn drain(
+    async fn drain(
         self,
         cluster: &Cluster,
         client: &Client,
@@ -180,7 +180,7 @@ impl Backlog {
 }
 
 /// Waits until the count of `Scheduled` Events in `ns` stops growing; returns it and the wait.
-pub async fn scheduled_events_settle(client: &Client, ns: &str) -> Result<(usize, Duration)> {
+async fn scheduled_events_settle(client: &Client, ns: &str) -> Result<(usize, Duration)> {
     let api: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), ns);
     let started = Instant::now();
     let mut last = usize::MAX;
