@@ -5,14 +5,15 @@
 use anyhow::Result;
 use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::core::v1::Pod;
-use kube::Client;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
+use kube::{Client, ResourceExt};
 use runtimekit_crds::{GangGroup, GangPhase};
 use runtimekit_e2e::load::{CARDS, Fleet, namespace};
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 
 use crate::measure::{Processes, cpu_since, watch_bound};
+use crate::workload::Workload;
 use crate::{CONCURRENCY, OURS};
 
 /// What part 3 measured.
@@ -84,23 +85,18 @@ async fn fill(client: &Client, nodes: usize, gang_cards: usize) -> Result<Scale>
     while asked < 0.9 * total - gang_cards as f64 {
         let (limits, cards) = mixed(&mut rng);
         asked += cards;
-        pods.push((limits, cards));
+        pods.push((Workload::new(OURS, limits).pod("m", pods.len())?, cards));
     }
     eprintln!("scale: {} pods of the mixed stream", pods.len());
     let (bound, watch) = watch_bound(client, ns);
     tokio::time::sleep(Duration::from_secs(1)).await;
     let api: Api<Pod> = Api::namespaced(client.clone(), ns);
     let started = Instant::now();
-    stream::iter(pods.iter().enumerate())
-        .map(|(i, (limits, _))| {
+    stream::iter(&pods)
+        .map(|(pod, _)| {
             let api = api.clone();
             async move {
-                let pod: Pod = serde_json::from_value(json!({
-                    "apiVersion": "v1", "kind": "Pod", "metadata": {"name": format!("m-{i:06}")},
-                    "spec": {"schedulerName": OURS, "runtimeClassName": "lj-runtime", "terminationGracePeriodSeconds": 0,
-                             "containers": [{"name": "app", "image": "busybox", "resources": {"limits": limits}}]}
-                }))?;
-                api.create(&PostParams::default(), &pod).await?;
+                api.create(&PostParams::default(), pod).await?;
                 Ok::<(), anyhow::Error>(())
             }
         })
@@ -124,9 +120,8 @@ async fn fill(client: &Client, nodes: usize, gang_cards: usize) -> Result<Scale>
     let end = bound.values().max().copied().unwrap_or(started);
     let filled: f64 = pods
         .iter()
-        .enumerate()
-        .filter(|(i, _)| bound.contains_key(&format!("m-{i:06}")))
-        .map(|(_, (_, cards))| cards)
+        .filter(|(pod, _)| bound.contains_key(&pod.name_any()))
+        .map(|(_, cards)| cards)
         .sum();
     Ok(Scale {
         nodes,
