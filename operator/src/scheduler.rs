@@ -166,20 +166,7 @@ async fn bind<P>(shared: &Shared, client: &Client, reports: &Reports, binding: B
                     )
                     .await;
             }
-            reports
-                .event(
-                    &reference,
-                    false,
-                    "Scheduled",
-                    "Binding",
-                    &format!(
-                        "Successfully assigned {}/{} to {}",
-                        pod.namespace().unwrap_or_default(),
-                        pod.name_any(),
-                        decision.node
-                    ),
-                )
-                .await;
+            reports.scheduled(&pod, &decision.node).await;
         }
         Err(error) => {
             shared.metrics.attempt(AttemptResult::Error);

@@ -789,6 +789,23 @@ fn a_gang_members_slices_are_marked_bound_once_its_pod_is_and_never_before() {
         work.mark_bound.into_iter().collect::<Vec<_>>(),
         [slice_of(&d0.pod_uid)]
     );
+    // Its pod changes again (kubelet reports it) and the slice is seen again before the mark
+    // comes back through the watch: the mark is on its way, so it is not written twice.
+    let mut running = bound.clone();
+    running.status = Some(serde_json::from_value(json!({"phase": "Running"})).expect("status"));
+    state.apply_pod(&running);
+    let unmarked = slices
+        .iter()
+        .find(|s| s.spec.pod.uid == d0.pod_uid)
+        .expect("slice");
+    state.apply_slice(unmarked);
+    assert!(state.take_work().mark_bound.is_empty());
+    // A mark that failed is written again.
+    state.mark_bound_again(vec![slice_of(&d0.pod_uid)]);
+    assert_eq!(
+        state.take_work().mark_bound.into_iter().collect::<Vec<_>>(),
+        [slice_of(&d0.pod_uid)]
+    );
     // Once the agent has moved it on, it is never marked again.
     let mut ready = slices
         .iter()

@@ -580,6 +580,17 @@ async fn gang_of_bare_pods_is_created_and_collected_with_them(ctx: TestContext) 
             |s| s.members.as_ref().is_some_and(|m| m.bound == 2),
         )
         .await?;
+        // Each member hears where it went, as a pod kube-scheduler binds does.
+        for i in 0..2 {
+            let selector = format!("involvedObject.name=b{i},reason=Scheduled");
+            let node = ctx.node_name("h800");
+            event(
+                &ctx,
+                &selector,
+                &format!("Successfully assigned {}/b{i} to {node}", ctx.namespace),
+            )
+            .await?;
+        }
         // Created when the first member appeared, owned by the members that existed then.
         let gang = ctx.api::<GangGroup>().get("bare").await?;
         let owners: Vec<(String, String)> = gang

@@ -17,6 +17,7 @@ use crate::writes;
 use crate::writes::binding::{create_slice, post_binding};
 use crate::writes::report::Reports;
 use futures::future::join_all;
+use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
@@ -28,20 +29,29 @@ use runtimekit_crds::{
 };
 use runtimekit_placement::objects::{allocation_of, slices_and_allocation};
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// How often gangs are looked at even without a change (timeouts advance on their own).
 const TICK: Duration = Duration::from_secs(1);
+/// Gangs whose passes run at once. A placing pass waits on about four round trips; one pass
+/// after another left gangs of 8 at 91 pods/s where Volcano, binding every ready gang in one
+/// cycle, reached 142. Reservations stay one at a time: each takes the state's lock.
+const CONCURRENT_PASSES: usize = 16;
+/// How long a gang's size check holds. A JobSet's jobs and templates cannot change, so reading
+/// it on every pass (every second for a gang that waits) only loads the apiserver; it is read
+/// again now and then for a JobSet deleted and created again under the same name.
+const SIZE_CHECK_HOLDS: Duration = Duration::from_secs(60);
 
 /// Runs the controller until the task is dropped.
 pub async fn run(shared: Arc<Shared>, client: Client, reports: Reports) {
-    let mut controller = Controller {
+    let controller = Controller {
         shared: Arc::clone(&shared),
         client,
         reports,
-        reported: BTreeMap::new(),
-        held: BTreeMap::new(),
+        reported: Mutex::default(),
+        held: Mutex::default(),
+        sizes: Mutex::default(),
     };
     let mut changes = shared.subscribe();
     loop {
@@ -53,19 +63,24 @@ pub async fn run(shared: Arc<Shared>, client: Client, reports: Reports) {
             keys.dedup();
             keys
         };
+        // Holds, reports and size checks of gangs that are gone go with them.
+        lock(&controller.held).retain(|key, _| gangs.contains(key));
+        lock(&controller.reported).retain(|key, _| gangs.contains(key));
+        lock(&controller.sizes).retain(|key, _| gangs.contains(key));
+        let controller = &controller;
+        let passes = stream::iter(gangs)
+            .map(|key| async move {
+                match controller.held_phase(&key) {
+                    Some(held) => held,
+                    None => controller.reconcile(&key.0, &key.1).await,
+                }
+            })
+            .buffer_unordered(CONCURRENT_PASSES)
+            .collect::<Vec<_>>()
+            .await;
         let mut phases: BTreeMap<String, i64> = BTreeMap::new();
-        // Holds and reports of gangs that are gone go with them.
-        controller.held.retain(|key, _| gangs.contains(key));
-        controller.reported.retain(|key, _| gangs.contains(key));
-        for (namespace, name) in gangs {
-            let key = (namespace, name);
-            let phase = match controller.held_phase(&key) {
-                Some(held) => held,
-                None => controller.reconcile(&key.0, &key.1).await,
-            };
-            if let Some(phase) = phase {
-                *phases.entry(format!("{phase:?}")).or_default() += 1;
-            }
+        for phase in passes.into_iter().flatten() {
+            *phases.entry(format!("{phase:?}")).or_default() += 1;
         }
         for phase in crate::metrics::GANG_PHASES {
             shared
@@ -85,9 +100,30 @@ struct Controller {
     reports: Reports,
     /// The last message reported to each gang's members and which members got it, so each
     /// member hears each change once, members that arrive later included.
-    reported: BTreeMap<(String, String), (String, BTreeSet<String>)>,
+    reported: Mutex<BTreeMap<GangKey, (String, BTreeSet<String>)>>,
     /// Gangs whose last status write failed, and until when they are left alone.
-    held: BTreeMap<(String, String), Hold>,
+    held: Mutex<BTreeMap<GangKey, Hold>>,
+    /// The last size check of each gang from a JobSet.
+    sizes: Mutex<BTreeMap<GangKey, SizeCheck>>,
+}
+
+/// A gang by namespace and name.
+type GangKey = (String, String);
+
+/// One size check of a gang against its JobSet.
+struct SizeCheck {
+    /// The GangGroup checked.
+    gang_uid: String,
+    at: Instant,
+    /// The contract's message, if the sizes disagree.
+    error: Option<String>,
+}
+
+/// Locks one of the controller's maps; no pass holds one across an await, so a poisoned lock
+/// only means a pass panicked between two plain map operations.
+fn lock<T>(map: &Mutex<T>) -> MutexGuard<'_, T> {
+    map.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// How long a gang whose status write failed is left alone: the error policy.
@@ -191,10 +227,10 @@ fn members_owner(members: &[Member]) -> Vec<OwnerReference> {
 impl Controller {
     /// The phase of a gang held after a failed write, which this pass leaves alone; `None` for a
     /// gang to reconcile.
-    fn held_phase(&mut self, key: &(String, String)) -> Option<Option<GangPhase>> {
-        let hold = self.held.get(key)?;
+    fn held_phase(&self, key: &(String, String)) -> Option<Option<GangPhase>> {
+        let hold = lock(&self.held).get(key)?.clone();
         let gang = self.shared.lock().gang(&key.0, &key.1).cloned();
-        let waiting = match (hold, &gang) {
+        let waiting = match (&hold, &gang) {
             (Hold::UntilChanged(version), Some(gang)) => *version == gang.metadata.resource_version,
             (Hold::Until { at, .. }, Some(_)) => Instant::now() < *at,
             (_, None) => false,
@@ -206,7 +242,7 @@ impl Controller {
     }
 
     /// One pass over the gang `namespace/name`: decide with [`next`], then carry it out.
-    async fn reconcile(&mut self, namespace: &str, name: &str) -> Option<GangPhase> {
+    async fn reconcile(&self, namespace: &str, name: &str) -> Option<GangPhase> {
         let snapshot = self.snapshot(namespace, name);
         let Some(gang) = snapshot.gang.clone() else {
             if !snapshot.members.is_empty() {
@@ -265,10 +301,10 @@ impl Controller {
         let key = (namespace.to_owned(), name.to_owned());
         match self.write_status(&gang, pass.status).await {
             Ok(()) => {
-                self.held.remove(&key);
+                lock(&self.held).remove(&key);
             }
             Err(error) => {
-                let failures = match self.held.get(&key) {
+                let failures = match lock(&self.held).get(&key) {
                     Some(Hold::Until { failures, .. }) => failures + 1,
                     _ => 1,
                 };
@@ -282,7 +318,7 @@ impl Controller {
                     Instant::now(),
                 );
                 tracing::warn!(gang = name, %namespace, %error, ?hold, "could not write the GangGroup status");
-                self.held.insert(key, hold);
+                lock(&self.held).insert(key, hold);
             }
         }
         Some(pass.phase)
@@ -360,9 +396,17 @@ impl Controller {
     }
 
     /// For a gang from a JobSet, the contract's message when min-member differs from the number
-    /// of pods the JobSet runs carrying the label.
+    /// of pods the JobSet runs carrying the label. A JobSet not found is not checked (yet).
     async fn check_size(&self, namespace: &str, gang: &GangGroup) -> Option<String> {
         let job_set = gang.spec.job_set.as_ref()?;
+        let key = (namespace.to_owned(), gang.name_any());
+        let uid = gang.metadata.uid.clone().unwrap_or_default();
+        if let Some(check) = lock(&self.sizes).get(&key)
+            && check.gang_uid == uid
+            && check.at.elapsed() < SIZE_CHECK_HOLDS
+        {
+            return check.error.clone();
+        }
         let api: Api<JobSet> = Api::namespaced(self.client.clone(), namespace);
         let js = api.get(job_set).await.ok()?;
         let names = self.shared.lock().config.names();
@@ -372,14 +416,21 @@ impl Controller {
             job_set: Some(job_set.clone()),
             min_member: gang.spec.min_member,
         };
-        runtimekit_contract::check_gang_size(
+        let error = runtimekit_contract::check_gang_size(
             &names,
             &membership,
             &format!("JobSet {job_set:?}"),
             parallelism,
         )
         .err()
-        .map(|v| v.to_string())
+        .map(|v| v.to_string());
+        let check = SizeCheck {
+            gang_uid: uid,
+            at: Instant::now(),
+            error: error.clone(),
+        };
+        lock(&self.sizes).insert(key, check);
+        error
     }
 
     /// Writes the slices of every member (no phase yet: reserved), then the Bindings only if every
@@ -427,6 +478,14 @@ impl Controller {
             .collect();
         self.shared.lock().gang_written(namespace, name, &written);
         self.shared.wake();
+        for ((pod, decision), _) in binding
+            .members
+            .iter()
+            .zip(&results)
+            .filter(|(_, r)| r.is_ok())
+        {
+            self.reports.scheduled(pod, &decision.node).await;
+        }
         let failure = results.into_iter().find_map(Result::err)?;
         tracing::warn!(gang = name, %namespace, error = %failure, "binding gang members failed");
         Some(failure)
@@ -449,7 +508,7 @@ impl Controller {
     }
 
     async fn report_members(
-        &mut self,
+        &self,
         namespace: &str,
         name: &str,
         snapshot: &Snapshot,
@@ -457,17 +516,20 @@ impl Controller {
         message: &str,
     ) {
         let key = (namespace.to_owned(), name.to_owned());
-        let (last, told) = self.reported.entry(key).or_default();
-        if last != message {
-            *last = message.to_owned();
-            told.clear();
-        }
+        let untold: Vec<&Arc<Pod>> = {
+            let mut reported = lock(&self.reported);
+            let (last, told) = reported.entry(key).or_default();
+            if last != message {
+                *last = message.to_owned();
+                told.clear();
+            }
+            snapshot
+                .members
+                .iter()
+                .filter_map(|m| m.pod.as_ref().filter(|_| told.insert(m.uid.clone())))
+                .collect()
+        };
         let text = format!("gang {name}: {message}");
-        let untold: Vec<&Arc<Pod>> = snapshot
-            .members
-            .iter()
-            .filter_map(|m| m.pod.as_ref().filter(|_| told.insert(m.uid.clone())))
-            .collect();
         join_all(
             untold
                 .into_iter()

@@ -229,6 +229,11 @@ impl State {
 
     /// Takes the controller work found so far.
     pub fn take_work(&mut self) -> Work {
+        for key in &self.work.mark_bound {
+            if let Some(record) = self.slices.get_mut(key) {
+                record.bound_marked = true;
+            }
+        }
         std::mem::take(&mut self.work)
     }
 

@@ -70,6 +70,7 @@ impl State {
                 .status
                 .as_ref()
                 .is_none_or(|s| matches!(s.phase, None | Some(SlicePhase::Reserved))),
+            bound_marked: self.slices.get(&key).is_some_and(|s| s.bound_marked),
             mode: slice.spec.mode,
             phase: slice.status.as_ref().and_then(|s| s.phase),
             profile: slice.spec.mig_profile.clone(),
@@ -173,6 +174,11 @@ impl State {
 
     /// Gang slices whose Bound mark failed: tried again with the next work.
     pub fn mark_bound_again(&mut self, keys: Vec<(String, String)>) {
+        for key in &keys {
+            if let Some(record) = self.slices.get_mut(key) {
+                record.bound_marked = false;
+            }
+        }
         self.work.mark_bound.extend(keys);
     }
 
