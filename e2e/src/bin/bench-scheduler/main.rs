@@ -129,7 +129,8 @@ async fn bench(cluster: &mut Cluster, sizes: Sizes) -> Result<()> {
     wait_operator_ready(&client, "bench").await?;
     let mut processes = Processes::of(cluster, &operator.child)?;
 
-    // BENCH_RUNS (for example `backlog-ours,steady`) picks runs; all run by default.
+    // BENCH_RUNS (for example `backlog-ours,steady`) picks runs; all but `peer-gangs` (a part
+    // of `peer`) run by default.
     let runs = std::env::var("BENCH_RUNS").unwrap_or_else(|_| {
         "backlog-kube,backlog-ours,kube,ours,tdm,steady,binding,peer,scale".into()
     });
@@ -227,15 +228,16 @@ async fn bench(cluster: &mut Cluster, sizes: Sizes) -> Result<()> {
             .pid("kube-scheduler")
             .context("kube-scheduler pid")?,
     )?;
-    let comparison = if wanted("peer") {
+    // `peer-gangs` runs only part 4's gangs, which take seconds where sharing takes minutes.
+    let comparison = if wanted("peer") || wanted("peer-gangs") {
+        let sharing = wanted("peer").then_some((sizes.peer_pods, sizes.peer_steady_seconds));
         peer::compare(
             cluster,
             &client,
             &fleet,
             &mut operator,
             &mut processes,
-            sizes.peer_pods,
-            sizes.peer_steady_seconds,
+            sharing,
             sizes.peer_gangs,
         )
         .await?

@@ -152,16 +152,15 @@ pub struct Comparison {
 }
 
 /// Runs part 4: Volcano's backlogs and steady stream first (it is stopped between them and
-/// after), then ours on the same pods in our resource names.
-#[allow(clippy::too_many_arguments)]
+/// after), then ours on the same pods in our resource names. `sharing` is the time-division
+/// backlog's pods and the stream's seconds; without it only the gangs run.
 pub async fn compare(
     cluster: &mut Cluster,
     client: &Client,
     fleet: &Fleet,
     operator: &mut Operator,
     processes: &mut Processes,
-    pods: usize,
-    steady_seconds: u64,
+    sharing: Option<(usize, u64)>,
     gangs: (usize, usize),
 ) -> Result<Comparison> {
     let dir = prepare(cluster, client, fleet).await?;
@@ -182,25 +181,28 @@ pub async fn compare(
         .for_volcano()
         .in_gangs(gang_size);
     let mut peer = Peer { dir, child: None };
-    let tdm_peer_run = peer
-        .backlog(
-            cluster,
+    let mut comparison = Comparison::default();
+    if let Some((pods, steady_seconds)) = sharing {
+        comparison.tdm_peer = peer
+            .backlog(
+                cluster,
+                client,
+                processes,
+                "bench-peer-tdm",
+                &tdm_peer,
+                pods,
+            )
+            .await?;
+        comparison.steady_peer = steady(
             client,
             processes,
-            "bench-peer-tdm",
+            "bench-peer-steady",
+            steady_seconds,
             &tdm_peer,
-            pods,
         )
         .await?;
-    let steady_peer = steady(
-        client,
-        processes,
-        "bench-peer-steady",
-        steady_seconds,
-        &tdm_peer,
-    )
-    .await?;
-    let gangs_peer_run = peer
+    }
+    comparison.gangs_peer = peer
         .backlog(
             cluster,
             client,
@@ -211,25 +213,27 @@ pub async fn compare(
         )
         .await?;
     peer.stop();
-    let tdm_ours_run = operator
-        .backlog(
-            cluster,
+    if let Some((pods, steady_seconds)) = sharing {
+        comparison.tdm_ours = operator
+            .backlog(
+                cluster,
+                client,
+                processes,
+                "bench-ours-tdm",
+                &tdm_ours,
+                pods,
+            )
+            .await?;
+        comparison.steady_ours = steady(
             client,
             processes,
-            "bench-ours-tdm",
+            "bench-ours-steady",
+            steady_seconds,
             &tdm_ours,
-            pods,
         )
         .await?;
-    let steady_ours = steady(
-        client,
-        processes,
-        "bench-ours-steady",
-        steady_seconds,
-        &tdm_ours,
-    )
-    .await?;
-    let gangs_ours_run = operator
+    }
+    comparison.gangs_ours = operator
         .backlog(
             cluster,
             client,
@@ -239,14 +243,7 @@ pub async fn compare(
             gang_count * gang_size,
         )
         .await?;
-    Ok(Comparison {
-        tdm_ours: tdm_ours_run,
-        tdm_peer: tdm_peer_run,
-        steady_ours,
-        steady_peer,
-        gangs_ours: gangs_ours_run,
-        gangs_peer: gangs_peer_run,
-    })
+    Ok(comparison)
 }
 
 /// vc-scheduler, stopped and started again around each of its backlogs.
