@@ -8,7 +8,8 @@ use runtimekit_crds::{
     GangGroup, GangGroupSpec, GangGroupStatus, GangPhase, GangPlacement, OnTimeout, Tier,
 };
 use runtimekit_operator::gangs::next::{
-    self, Action, Members, Pass, RAN, Step, backing_off, bound, reserved, unplaceable,
+    self, Action, Members, Pass, RAN, Step, backing_off, bound, only_counts_moved, reserved,
+    unplaceable,
 };
 
 const TIMEOUT: u32 = 60;
@@ -73,6 +74,36 @@ fn ran(status: &GangGroupStatus) -> Option<&str> {
         .iter()
         .find(|c| c.type_ == RAN)
         .map(|c| c.status.as_str())
+}
+
+#[test]
+fn only_a_change_of_counts_alone_may_wait() {
+    let bound_gang = gang(None);
+    let placed = match next::next(&bound_gang, members(4, 0, 0), None, at(0)) {
+        Step::Place(status) => reserved(status, members(4, 0, 0), placement(), 4),
+        Step::Done(pass) => unreachable!("{pass:?}"),
+    };
+    let bound = bound(&bound_gang, placed, members(4, 0, 0), None, at(0)).status;
+    let mut more_running = bound.clone();
+    more_running.members.as_mut().expect("counts").running = 2;
+    assert!(only_counts_moved(Some(&bound), &more_running));
+    assert!(!only_counts_moved(Some(&bound), &bound), "nothing moved");
+    assert!(
+        !only_counts_moved(None, &bound),
+        "a first status is written at once"
+    );
+    let mut running = more_running.clone();
+    running.phase = Some(GangPhase::Running);
+    assert!(
+        !only_counts_moved(Some(&bound), &running),
+        "a new phase is written at once"
+    );
+    let mut told = more_running;
+    told.message = Some("why".into());
+    assert!(
+        !only_counts_moved(Some(&bound), &told),
+        "a new message is written at once"
+    );
 }
 
 #[test]

@@ -287,6 +287,18 @@ fn time_out(
     }
 }
 
+/// Whether `new` differs from `old` only in its member counts: a write a pass may put off for a
+/// moment, so members turning Running one after another cost their gang one write, not one each.
+pub fn only_counts_moved(old: Option<&GangGroupStatus>, new: &GangGroupStatus) -> bool {
+    old.is_some_and(|old| {
+        old.members != new.members
+            && GangGroupStatus {
+                members: new.members.clone(),
+                ..old.clone()
+            } == *new
+    })
+}
+
 /// Whether every member of the current attempt ran.
 fn ran(status: &GangGroupStatus) -> bool {
     status
