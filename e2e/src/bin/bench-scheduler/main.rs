@@ -75,18 +75,22 @@ impl Sizes {
                 bindings: 3000,
                 peer_pods: 500,
                 peer_steady_seconds: 5,
-                peer_gangs: (20, 8),
+                // 100 gangs of 8 by default (BENCH_PEER_GANGS sets the count): 20 drained in
+                // about a second, less than one of Volcano's cycles, and start-up decided it.
+                peer_gangs: (env_number("BENCH_PEER_GANGS").unwrap_or(100), 8),
                 // BENCH_SCALE_NODES sets another size: 5,000 is more than this 2-core machine
                 // holds (docs/benchmarks.md).
-                scale_nodes: std::env::var("BENCH_SCALE_NODES")
-                    .ok()
-                    .and_then(|n| n.parse().ok())
-                    .unwrap_or(5000),
+                scale_nodes: env_number("BENCH_SCALE_NODES").unwrap_or(5000),
                 gangs: &scale::GANGS,
             }
         }
     }
 }
+/// The number in the environment variable `name`, if it holds one.
+fn env_number(name: &str) -> Option<usize> {
+    std::env::var(name).ok().and_then(|n| n.parse().ok())
+}
+
 /// Our scheduler's name.
 pub const OURS: &str = "lj-runtimekit-scheduler";
 

@@ -1,11 +1,14 @@
 //! What a run's pods ask for and which scheduler places them: ours or kube-scheduler, or the
 //! peer (Volcano), whose pods also name a PodGroup made for them, as its controller would.
+//! Gangs find their group made before the scheduler starts, for both: Volcano's PodGroup, or
+//! our GangGroup as a user may apply it.
 
 use anyhow::Result;
 use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
+use runtimekit_crds::{GangGroup, GangGroupSpec, OnTimeout, Tier};
 use serde_json::{Value, json};
 
 use crate::CONCURRENCY;
@@ -64,24 +67,39 @@ impl Workload {
         }))?)
     }
 
-    /// Creates what `count` pods need before they are created: Volcano's PodGroups (ours makes
-    /// its GangGroups itself from the pods' labels).
+    /// Creates the groups `count` pods name before they are created: a PodGroup for every
+    /// Volcano pod or gang, a GangGroup for each of our gangs (without it the operator makes one
+    /// from the pods' labels, as Volcano's controller would make the PodGroup).
     pub async fn create_groups(&self, client: &Client, ns: &str, count: usize) -> Result<()> {
-        if !self.volcano {
+        if !self.volcano && self.gang == 1 {
             return Ok(());
         }
-        let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &pod_group());
-        let size = self.gang;
+        let (volcano, size) = (self.volcano, self.gang);
+        let pod_groups: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &pod_group());
+        let gang_groups: Api<GangGroup> = Api::namespaced(client.clone(), ns);
         stream::iter(0..count.div_ceil(size))
             .map(|g| {
-                let api = api.clone();
+                let (pod_groups, gang_groups) = (pod_groups.clone(), gang_groups.clone());
                 async move {
-                    let group: DynamicObject = serde_json::from_value(json!({
-                        "apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
-                        "metadata": {"name": format!("g-{g:05}")},
-                        "spec": {"minMember": size, "queue": "default"}
-                    }))?;
-                    api.create(&PostParams::default(), &group).await?;
+                    let name = format!("g-{g:05}");
+                    if volcano {
+                        let group: DynamicObject = serde_json::from_value(json!({
+                            "apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
+                            "metadata": {"name": name},
+                            "spec": {"minMember": size, "queue": "default"}
+                        }))?;
+                        pod_groups.create(&PostParams::default(), &group).await?;
+                    } else {
+                        let spec = GangGroupSpec {
+                            min_member: u32::try_from(size)?,
+                            timeout_seconds: 180,
+                            highest_tier: Tier::NetworkPod,
+                            job_set: None,
+                            on_timeout: OnTimeout::default(),
+                        };
+                        let group = GangGroup::new(&name, spec);
+                        gang_groups.create(&PostParams::default(), &group).await?;
+                    }
                     Ok::<(), anyhow::Error>(())
                 }
             })
