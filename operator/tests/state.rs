@@ -3,6 +3,7 @@
 //! the rebuild of a restarted operator from GpuSlices and the pods' allocation annotations.
 
 use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use runtimekit_contract::RuntimeKitConfig;
 use runtimekit_crds::{
@@ -50,9 +51,7 @@ fn group(node: &str, cards: u32, heartbeat: Timestamp) -> TopologyGroup {
                 held_by: vec![],
             })
             .collect(),
-        heartbeat_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-            heartbeat,
-        )),
+        heartbeat_time: Some(Time(heartbeat)),
         ..TopologyGroupStatus::default()
     });
     group
@@ -293,6 +292,21 @@ fn slices_without_a_live_pod_are_released_after_the_first_full_list() {
     after.pods_synced();
     let released = after.take_work().release;
     assert_eq!(released.len(), 1, "the orphan is released: {released:?}");
+    // Seen again before the watch shows it deleting: its delete is on its way, not sent twice.
+    for slice in &slices {
+        after.apply_slice(slice);
+    }
+    assert!(after.take_work().release.is_empty());
+    // A delete that failed is sent again.
+    after.release_again(released.iter().cloned().collect());
+    assert_eq!(after.take_work().release, released);
+    // Once the watch shows it deleting, it is never deleted again.
+    for slice in &slices {
+        let mut deleting = slice.clone();
+        deleting.metadata.deletion_timestamp = Some(Time(Timestamp::now()));
+        after.apply_slice(&deleting);
+    }
+    assert!(after.take_work().release.is_empty());
 }
 
 #[test]
@@ -887,9 +901,7 @@ fn a_slice_being_released_seen_before_its_node_keeps_its_finalizer() {
     let (pod, slices) = land(&mut state, &a);
     let mut releasing = slices[0].clone();
     releasing.metadata.finalizers = Some(vec![runtimekit_crds::SLICE_FINALIZER.into()]);
-    releasing.metadata.deletion_timestamp = Some(
-        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::now()),
-    );
+    releasing.metadata.deletion_timestamp = Some(Time(Timestamp::now()));
 
     // A starting operator whose slice watch delivers before its node watch.
     let mut starting = State::new(RuntimeKitConfig::default());

@@ -184,6 +184,9 @@ pub struct State {
     /// GpuSlices the apiserver accepted that the watch does not show yet, with the card each
     /// holds: they count as there, so they are neither re-created nor handed out again.
     created_unseen: HashMap<(String, String), Option<placement::SliceInput>>,
+    /// Slices whose delete was handed out as work and that the watch does not show deleting
+    /// yet: every event of their pod until then would otherwise delete them again.
+    releasing: BTreeSet<(String, String)>,
     /// Bound pods whose allocation may name GpuSlices that do not exist, by UID.
     restore: HashMap<String, Restore>,
     /// Whether capacity may have been freed or added since the scheduler last looked.
@@ -207,6 +210,7 @@ impl State {
             synced_pods: false,
             in_flight: HashMap::new(),
             created_unseen: HashMap::new(),
+            releasing: BTreeSet::new(),
             restore: HashMap::new(),
             capacity_freed: false,
             gang_pods: BTreeMap::new(),
@@ -229,6 +233,10 @@ impl State {
 
     /// Takes the controller work found so far.
     pub fn take_work(&mut self) -> Work {
+        let releasing = &mut self.releasing;
+        self.work
+            .release
+            .retain(|key| releasing.insert(key.clone()));
         for key in &self.work.mark_bound {
             if let Some(record) = self.slices.get_mut(key) {
                 record.bound_marked = true;

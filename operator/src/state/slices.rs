@@ -138,6 +138,9 @@ impl State {
             .or_default()
             .insert(key.clone());
         self.created_unseen.remove(&key);
+        if record.deleting {
+            self.releasing.remove(&key);
+        }
         let pod_uid = record.pod_uid.clone();
         self.slices.insert(key, record);
         if recorded.is_some() {
@@ -149,6 +152,7 @@ impl State {
     /// Forgets a GpuSlice that is gone; only now does its capacity return.
     pub fn delete_slice(&mut self, namespace: &str, name: &str, now: Instant) {
         let key = (namespace.to_owned(), name.to_owned());
+        self.releasing.remove(&key);
         let Some(record) = self.slices.remove(&key) else {
             return;
         };
@@ -170,6 +174,14 @@ impl State {
         if !queued && let Some(restore) = self.restore.get_mut(&record.pod_uid) {
             restore.not_before = Some(now + RESTORE_GRACE);
         }
+    }
+
+    /// Slices whose delete failed: deleted again with the next work.
+    pub fn release_again(&mut self, keys: Vec<(String, String)>) {
+        for key in &keys {
+            self.releasing.remove(key);
+        }
+        self.work.release.extend(keys);
     }
 
     /// Gang slices whose Bound mark failed: tried again with the next work.

@@ -1,23 +1,35 @@
 //! Writes to GpuSlices besides their creation: releasing them, removing the node agent's
 //! finalizer where no agent will, and marking a gang member's slice Reserved and then Bound.
 
-use super::{apply_body, log_failure};
+use super::{apply_body, is_not_found, log_failure};
 use crate::state::{Unfinalize, Work};
 use futures::future::join_all;
 use kube::Client;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use runtimekit_crds::{GpuSlice, SLICE_FINALIZER, SlicePhase};
+use std::collections::BTreeSet;
+
+/// What [`carry_out`] could not do, to try again.
+#[derive(Debug, Default)]
+pub struct Failed {
+    /// Slices whose delete failed.
+    pub release: Vec<(String, String)>,
+    /// Gang slices whose Bound mark failed.
+    pub mark_bound: Vec<(String, String)>,
+}
 
 /// Deletes the slices `work` releases, removes the finalizers it names and marks Bound the gang
-/// slices it names, all at once. Returns the slices whose Bound mark failed, to try again.
-pub async fn carry_out(client: &Client, work: &Work) -> Vec<(String, String)> {
-    join_all(work.release.iter().map(|(namespace, name)| async move {
+/// slices it names, all at once. Returns what failed, to try again.
+pub async fn carry_out(client: &Client, work: &Work) -> Failed {
+    let released = join_all(work.release.iter().map(|(namespace, name)| async move {
         let api: Api<GpuSlice> = Api::namespaced(client.clone(), namespace);
         let result = api.delete(name, &DeleteParams::background()).await;
         if result.is_ok() {
             tracing::info!(slice = %name, %namespace, "released the slice of an ended pod");
         }
+        let failed = result.as_ref().is_err_and(|e| !is_not_found(e));
         log_failure("a slice's release", name, result.map(|_| ()));
+        failed
     }))
     .await;
     join_all(
@@ -38,9 +50,16 @@ pub async fn carry_out(client: &Client, work: &Work) -> Vec<(String, String)> {
         failed
     }))
     .await;
-    work.mark_bound
-        .iter()
-        .zip(marked)
+    Failed {
+        release: failures(&work.release, released),
+        mark_bound: failures(&work.mark_bound, marked),
+    }
+}
+
+/// The keys whose write failed.
+fn failures(keys: &BTreeSet<(String, String)>, failed: Vec<bool>) -> Vec<(String, String)> {
+    keys.iter()
+        .zip(failed)
         .filter(|(_, failed)| *failed)
         .map(|(key, _)| key.clone())
         .collect()
