@@ -313,6 +313,11 @@ impl Cluster {
                     options.node_lease_seconds
                 ),
                 "--cidr=10.128.0.1/12".into(),
+                // Node stages that heartbeat through the lease (build-tools.sh says why).
+                format!(
+                    "--config={}",
+                    self.tools.kwok.join("node-stages-lease.yaml").display()
+                ),
             ]
             .into_iter()
             .chain(options.jobs_keep_running.then(|| {
