@@ -92,6 +92,20 @@ pub struct GangGroupSpec {
     pub on_timeout: OnTimeout,
 }
 
+impl GangGroupSpec {
+    /// A gang of `min_member` pods with every other field at its default, as a GangGroup
+    /// applied with only `minMember` reads.
+    pub fn with_min_member(min_member: u32) -> GangGroupSpec {
+        GangGroupSpec {
+            min_member,
+            timeout_seconds: default_timeout_seconds(),
+            highest_tier: default_highest_tier(),
+            job_set: None,
+            on_timeout: OnTimeout::default(),
+        }
+    }
+}
+
 /// What a timed-out attempt does to the members that are bound already.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum OnTimeout {

@@ -24,9 +24,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ObjectMeta};
 use kube::{Client, ResourceExt};
 use next::{Action, Members, Step};
-use runtimekit_crds::{
-    GangGroup, GangGroupSpec, GangGroupStatus, GangPhase, GpuSlice, OnTimeout, Tier,
-};
+use runtimekit_crds::{GangGroup, GangGroupSpec, GangGroupStatus, GangPhase, GpuSlice};
 use runtimekit_placement::objects::{allocation_of, slices_and_allocation};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -392,11 +390,8 @@ impl Controller {
                 ..ObjectMeta::default()
             },
             spec: GangGroupSpec {
-                min_member: snapshot.min_member,
-                timeout_seconds: 180,
-                highest_tier: Tier::NetworkPod,
                 job_set: snapshot.job_set.clone(),
-                on_timeout: OnTimeout::default(),
+                ..GangGroupSpec::with_min_member(snapshot.min_member)
             },
             status: None,
         };

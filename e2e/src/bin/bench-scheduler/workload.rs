@@ -8,7 +8,7 @@ use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
-use runtimekit_crds::{GangGroup, GangGroupSpec, OnTimeout, Tier};
+use runtimekit_crds::{GangGroup, GangGroupSpec};
 use serde_json::{Value, json};
 
 use crate::CONCURRENCY;
@@ -90,13 +90,7 @@ impl Workload {
                         }))?;
                         pod_groups.create(&PostParams::default(), &group).await?;
                     } else {
-                        let spec = GangGroupSpec {
-                            min_member: u32::try_from(size)?,
-                            timeout_seconds: 180,
-                            highest_tier: Tier::NetworkPod,
-                            job_set: None,
-                            on_timeout: OnTimeout::default(),
-                        };
+                        let spec = GangGroupSpec::with_min_member(u32::try_from(size)?);
                         let group = GangGroup::new(&name, spec);
                         gang_groups.create(&PostParams::default(), &group).await?;
                     }
