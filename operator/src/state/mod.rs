@@ -184,9 +184,11 @@ pub struct State {
     /// GpuSlices the apiserver accepted that the watch does not show yet, with the card each
     /// holds: they count as there, so they are neither re-created nor handed out again.
     created_unseen: HashMap<(String, String), Option<placement::SliceInput>>,
-    /// Slices whose delete was handed out as work and that the watch does not show deleting
-    /// yet: every event of their pod until then would otherwise delete them again.
+    /// Slices whose delete, or whose Bound mark, was handed out as work and that the watch does
+    /// not show deleting, or past Reserved, yet: every event of their pod until then would
+    /// otherwise write them again.
     releasing: BTreeSet<(String, String)>,
+    marking: BTreeSet<(String, String)>,
     /// Bound pods whose allocation may name GpuSlices that do not exist, by UID.
     restore: HashMap<String, Restore>,
     /// Whether capacity may have been freed or added since the scheduler last looked.
@@ -211,6 +213,7 @@ impl State {
             in_flight: HashMap::new(),
             created_unseen: HashMap::new(),
             releasing: BTreeSet::new(),
+            marking: BTreeSet::new(),
             restore: HashMap::new(),
             capacity_freed: false,
             gang_pods: BTreeMap::new(),
@@ -233,15 +236,8 @@ impl State {
 
     /// Takes the controller work found so far.
     pub fn take_work(&mut self) -> Work {
-        let releasing = &mut self.releasing;
-        self.work
-            .release
-            .retain(|key| releasing.insert(key.clone()));
-        for key in &self.work.mark_bound {
-            if let Some(record) = self.slices.get_mut(key) {
-                record.bound_marked = true;
-            }
-        }
+        hand_out(&mut self.work.release, &mut self.releasing);
+        hand_out(&mut self.work.mark_bound, &mut self.marking);
         std::mem::take(&mut self.work)
     }
 
@@ -259,4 +255,9 @@ impl State {
     fn allocation_annotation(&self) -> String {
         runtimekit_contract::allocation::annotation(&self.config.resource_prefix)
     }
+}
+
+/// Keeps of `work` only what is not handed out already, and records it as handed out.
+fn hand_out(work: &mut BTreeSet<(String, String)>, handed_out: &mut BTreeSet<(String, String)>) {
+    work.retain(|key| handed_out.insert(key.clone()));
 }

@@ -136,11 +136,7 @@ impl State {
         };
         for key in self.slices_by_pod.get(uid).into_iter().flatten() {
             if self.slices.get(key).is_some_and(|s| {
-                s.gang
-                    && s.untouched
-                    && !s.bound_marked
-                    && !s.deleting
-                    && s.node.as_deref() == Some(node)
+                s.gang && s.untouched && !s.deleting && s.node.as_deref() == Some(node)
             }) {
                 self.work.mark_bound.insert(key.clone());
             }

@@ -131,9 +131,6 @@ pub struct SliceRecord {
     pub gang: bool,
     /// Whether its status shows that no agent acted on it yet (no phase, or Reserved).
     pub untouched: bool,
-    /// Whether its Bound mark was handed out as work: marked once, not again for every later
-    /// event of its pod while the write is on its way back through the watch.
-    pub bound_marked: bool,
     /// Its mode, phase and MIG profile, for the ledger metrics.
     pub mode: runtimekit_crds::SliceMode,
     pub phase: Option<runtimekit_crds::SlicePhase>,

@@ -70,7 +70,6 @@ impl State {
                 .status
                 .as_ref()
                 .is_none_or(|s| matches!(s.phase, None | Some(SlicePhase::Reserved))),
-            bound_marked: self.slices.get(&key).is_some_and(|s| s.bound_marked),
             mode: slice.spec.mode,
             phase: slice.status.as_ref().and_then(|s| s.phase),
             profile: slice.spec.mig_profile.clone(),
@@ -138,8 +137,12 @@ impl State {
             .or_default()
             .insert(key.clone());
         self.created_unseen.remove(&key);
+        // What was handed out shows now; a later need is new work.
         if record.deleting {
             self.releasing.remove(&key);
+        }
+        if !record.untouched {
+            self.marking.remove(&key);
         }
         let pod_uid = record.pod_uid.clone();
         self.slices.insert(key, record);
@@ -153,6 +156,7 @@ impl State {
     pub fn delete_slice(&mut self, namespace: &str, name: &str, now: Instant) {
         let key = (namespace.to_owned(), name.to_owned());
         self.releasing.remove(&key);
+        self.marking.remove(&key);
         let Some(record) = self.slices.remove(&key) else {
             return;
         };
@@ -187,9 +191,7 @@ impl State {
     /// Gang slices whose Bound mark failed: tried again with the next work.
     pub fn mark_bound_again(&mut self, keys: Vec<(String, String)>) {
         for key in &keys {
-            if let Some(record) = self.slices.get_mut(key) {
-                record.bound_marked = false;
-            }
+            self.marking.remove(key);
         }
         self.work.mark_bound.extend(keys);
     }
