@@ -51,10 +51,7 @@ pub async fn run(shared: Arc<Shared>, client: Client, reports: Reports) {
         shared: Arc::clone(&shared),
         client,
         reports,
-        reported: Mutex::default(),
-        held: Mutex::default(),
-        sizes: Mutex::default(),
-        written: Mutex::default(),
+        memory: Mutex::default(),
     };
     let mut changes = shared.subscribe();
     loop {
@@ -66,11 +63,8 @@ pub async fn run(shared: Arc<Shared>, client: Client, reports: Reports) {
             keys.dedup();
             keys
         };
-        // Holds, reports and size checks of gangs that are gone go with them.
-        lock(&controller.held).retain(|key, _| gangs.contains(key));
-        lock(&controller.reported).retain(|key, _| gangs.contains(key));
-        lock(&controller.sizes).retain(|key, _| gangs.contains(key));
-        lock(&controller.written).retain(|key, _| gangs.contains(key));
+        // What is remembered of gangs that are gone goes with them.
+        controller.memory().retain(|key, _| gangs.contains(key));
         let controller = &controller;
         let passes = stream::iter(gangs)
             .map(|key| async move {
@@ -102,19 +96,23 @@ struct Controller {
     shared: Arc<Shared>,
     client: Client,
     reports: Reports,
-    /// The last message reported to each gang's members and which members got it, so each
-    /// member hears each change once, members that arrive later included.
-    reported: Mutex<BTreeMap<GangKey, (String, BTreeSet<String>)>>,
-    /// Gangs whose last status write failed, and until when they are left alone.
-    held: Mutex<BTreeMap<GangKey, Hold>>,
-    /// The last size check of each gang from a JobSet.
-    sizes: Mutex<BTreeMap<GangKey, SizeCheck>>,
-    /// When each gang's status was last written.
-    written: Mutex<BTreeMap<GangKey, Instant>>,
+    /// What passes remember of each gang between them.
+    memory: Mutex<BTreeMap<(String, String), Memory>>,
 }
 
-/// A gang by namespace and name.
-type GangKey = (String, String);
+/// What the controller remembers of one gang between passes.
+#[derive(Default)]
+struct Memory {
+    /// The last message reported to the members and which members got it, so each member
+    /// hears each change once, members that arrive later included.
+    reported: (String, BTreeSet<String>),
+    /// Set while the last status write failed: until when the gang is left alone.
+    hold: Option<Hold>,
+    /// The last size check against the gang's JobSet.
+    size: Option<SizeCheck>,
+    /// When the status was last written.
+    written: Option<Instant>,
+}
 
 /// One size check of a gang against its JobSet.
 struct SizeCheck {
@@ -123,13 +121,6 @@ struct SizeCheck {
     at: Instant,
     /// The contract's message, if the sizes disagree.
     error: Option<String>,
-}
-
-/// Locks one of the controller's maps; no pass holds one across an await, so a poisoned lock
-/// only means a pass panicked between two plain map operations.
-fn lock<T>(map: &Mutex<T>) -> MutexGuard<'_, T> {
-    map.lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// How long a gang whose status write failed is left alone: the error policy.
@@ -231,10 +222,18 @@ fn members_owner(members: &[Member]) -> Vec<OwnerReference> {
 }
 
 impl Controller {
+    /// Locks the memory of every gang; no pass holds it across an await, so a poisoned lock
+    /// only means a pass panicked between two plain map operations.
+    fn memory(&self) -> MutexGuard<'_, BTreeMap<(String, String), Memory>> {
+        self.memory
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// The phase of a gang held after a failed write, which this pass leaves alone; `None` for a
     /// gang to reconcile.
     fn held_phase(&self, key: &(String, String)) -> Option<Option<GangPhase>> {
-        let hold = lock(&self.held).get(key)?.clone();
+        let hold = self.memory().get(key)?.hold.clone()?;
         let gang = self.shared.lock().gang(&key.0, &key.1).cloned();
         let waiting = match (&hold, &gang) {
             (Hold::UntilChanged(version), Some(gang)) => *version == gang.metadata.resource_version,
@@ -305,18 +304,20 @@ impl Controller {
             }
         }
         let key = (namespace.to_owned(), name.to_owned());
-        let wrote_lately = lock(&self.written)
+        let wrote_lately = self
+            .memory()
             .get(&key)
+            .and_then(|m| m.written)
             .is_some_and(|at| at.elapsed() < COUNTS_BATCH);
         if wrote_lately && next::only_counts_moved(gang.status.as_ref(), &pass.status) {
             return Some(pass.phase);
         }
         match self.write_status(&gang, pass.status).await {
             Ok(()) => {
-                lock(&self.held).remove(&key);
+                self.memory().entry(key).or_default().hold = None;
             }
             Err(error) => {
-                let failures = match lock(&self.held).get(&key) {
+                let failures = match self.memory().get(&key).and_then(|m| m.hold.as_ref()) {
                     Some(Hold::Until { failures, .. }) => failures + 1,
                     _ => 1,
                 };
@@ -330,7 +331,7 @@ impl Controller {
                     Instant::now(),
                 );
                 tracing::warn!(gang = name, %namespace, %error, ?hold, "could not write the GangGroup status");
-                lock(&self.held).insert(key, hold);
+                self.memory().entry(key).or_default().hold = Some(hold);
             }
         }
         Some(pass.phase)
@@ -410,7 +411,7 @@ impl Controller {
         let job_set = gang.spec.job_set.as_ref()?;
         let key = (namespace.to_owned(), gang.name_any());
         let uid = gang.metadata.uid.clone().unwrap_or_default();
-        if let Some(check) = lock(&self.sizes).get(&key)
+        if let Some(check) = self.memory().get(&key).and_then(|m| m.size.as_ref())
             && check.gang_uid == uid
             && check.at.elapsed() < SIZE_CHECK_HOLDS
         {
@@ -438,7 +439,7 @@ impl Controller {
             at: Instant::now(),
             error: error.clone(),
         };
-        lock(&self.sizes).insert(key, check);
+        self.memory().entry(key).or_default().size = Some(check);
         error
     }
 
@@ -527,8 +528,8 @@ impl Controller {
     ) {
         let key = (namespace.to_owned(), name.to_owned());
         let untold: Vec<&Arc<Pod>> = {
-            let mut reported = lock(&self.reported);
-            let (last, told) = reported.entry(key).or_default();
+            let mut memory = self.memory();
+            let (last, told) = &mut memory.entry(key).or_default().reported;
             if last != message {
                 *last = message.to_owned();
                 told.clear();
@@ -561,7 +562,7 @@ impl Controller {
         let updated = writes::gangs::write_status(&self.client, gang, &status).await?;
         self.shared.lock().apply_gang(&updated);
         let key = (gang.namespace().unwrap_or_default(), gang.name_any());
-        lock(&self.written).insert(key, Instant::now());
+        self.memory().entry(key).or_default().written = Some(Instant::now());
         Ok(())
     }
 }
