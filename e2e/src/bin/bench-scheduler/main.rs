@@ -176,9 +176,7 @@ async fn bench(cluster: &mut Cluster, sizes: Sizes) -> Result<()> {
                 cluster,
                 &client,
                 &mut processes,
-                "bench-backlog-ours",
-                &ours_whole,
-                pods,
+                ("bench-backlog-ours", &ours_whole, pods),
             )
             .await?
     } else {

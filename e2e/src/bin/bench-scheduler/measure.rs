@@ -51,6 +51,14 @@ impl Processes {
         Ok(Processes(list))
     }
 
+    /// The same processes with `name` now the process `child` (started again).
+    pub fn with(&self, name: &str, child: &Child) -> Result<Processes> {
+        let mut list = self.0.clone();
+        list.retain(|(n, _)| n != name);
+        list.push((name.to_owned(), i32::try_from(child.id())?));
+        Ok(Processes(list))
+    }
+
     /// [`Processes::cpu`] without the process `name`, which is about to be started again.
     pub fn cpu_without(&self, name: &str) -> Vec<(String, f64)> {
         let mut cpu = self.cpu();

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 
 use crate::measure::{Processes, Run};
-use crate::runs::{Operator, drain_backlog, steady};
+use crate::runs::{Operator, Pending, drain_backlog, steady};
 use crate::workload::Workload;
 use crate::{CONCURRENCY, OURS};
 
@@ -188,9 +188,7 @@ pub async fn compare(
                 cluster,
                 client,
                 processes,
-                "bench-peer-tdm",
-                &tdm_peer,
-                pods,
+                ("bench-peer-tdm", &tdm_peer, pods),
             )
             .await?;
         comparison.steady_peer = steady(
@@ -207,9 +205,7 @@ pub async fn compare(
             cluster,
             client,
             processes,
-            "bench-peer-gangs",
-            &gangs_peer,
-            gang_count * gang_size,
+            ("bench-peer-gangs", &gangs_peer, gang_count * gang_size),
         )
         .await?;
     peer.stop();
@@ -219,9 +215,7 @@ pub async fn compare(
                 cluster,
                 client,
                 processes,
-                "bench-ours-tdm",
-                &tdm_ours,
-                pods,
+                ("bench-ours-tdm", &tdm_ours, pods),
             )
             .await?;
         comparison.steady_ours = steady(
@@ -238,9 +232,7 @@ pub async fn compare(
             cluster,
             client,
             processes,
-            "bench-ours-gangs",
-            &gangs_ours,
-            gang_count * gang_size,
+            ("bench-ours-gangs", &gangs_ours, gang_count * gang_size),
         )
         .await?;
     Ok(comparison)
@@ -258,12 +250,9 @@ impl Peer {
         cluster: &mut Cluster,
         client: &Client,
         processes: &mut Processes,
-        ns: &str,
-        workload: &Workload,
-        count: usize,
+        pending: Pending<'_>,
     ) -> Result<Run> {
         self.stop();
-        let pending = (ns, workload, count);
         drain_backlog(
             cluster,
             client,
@@ -272,11 +261,7 @@ impl Peer {
             PROCESS,
             |cluster, running| {
                 let child = start(cluster, &self.dir)?;
-                let mut processes = running.clone();
-                processes.0.retain(|(name, _)| name != PROCESS);
-                processes
-                    .0
-                    .push((PROCESS.into(), i32::try_from(child.id())?));
+                let processes = running.with(PROCESS, &child)?;
                 self.child = Some(child);
                 Ok(processes)
             },

@@ -32,19 +32,16 @@ impl Operator {
         Ok(Operator { child, listen })
     }
 
-    /// A backlog drain of `count` pods of `workload` for ours: the operator is stopped while
-    /// they are created, then started again and timed until all are bound.
+    /// A backlog drain of `pending` for ours: the operator is stopped while the pods are
+    /// created, then started again and timed until all are bound.
     pub async fn backlog(
         &mut self,
         cluster: &mut Cluster,
         client: &Client,
         processes: &mut Processes,
-        ns: &str,
-        workload: &Workload,
-        count: usize,
+        pending: Pending<'_>,
     ) -> Result<Run> {
         stop_gracefully(&mut self.child)?;
-        let pending = (ns, workload, count);
         drain_backlog(
             cluster,
             client,
@@ -60,14 +57,17 @@ impl Operator {
     }
 }
 
-/// A backlog drain: `count` pods of `workload` in `ns`, created while the scheduler (the process
-/// `process`) is stopped; then `start` starts it and says which processes to read from then on,
-/// and the drain is timed until every pod is bound.
+/// A backlog's pods: the namespace, what each pod is, and how many.
+pub type Pending<'a> = (&'a str, &'a Workload, usize);
+
+/// A backlog drain: the `pending` pods, created while the scheduler (the process `process`) is
+/// stopped; then `start` starts it and says which processes to read from then on, and the
+/// drain is timed until every pod is bound.
 pub async fn drain_backlog(
     cluster: &mut Cluster,
     client: &Client,
     processes: &mut Processes,
-    (ns, workload, count): (&str, &Workload, usize),
+    (ns, workload, count): Pending<'_>,
     process: &str,
     start: impl FnOnce(&mut Cluster, &Processes) -> Result<Processes>,
 ) -> Result<Run> {
