@@ -219,6 +219,12 @@ pub struct TopologyGroupStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub heartbeat_time: Option<Timestamp>,
 
+    /// How often the node agent promises to heartbeat, in seconds (tier Node only). The operator
+    /// withholds the cards after three intervals without a heartbeat, or 90 s where it is unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 3600").message("heartbeatIntervalSeconds must be between 1 and 3600"))]
+    pub heartbeat_interval_seconds: Option<u32>,
+
     /// The spec generation this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,

@@ -252,6 +252,27 @@ fn topology_tier_rules_break() {
 }
 
 #[test]
+fn heartbeat_interval_rule_breaks() {
+    let with_interval = |seconds: i64| -> TopologyGroup {
+        let mut group = group(json!({"tier": "Node", "nodeName": "n1"}));
+        group.status = Some(
+            serde_json::from_value(json!({"heartbeatIntervalSeconds": seconds}))
+                .expect("valid shape"),
+        );
+        group
+    };
+    assert!(broken(&with_interval(1)).is_empty());
+    assert!(broken(&with_interval(3600)).is_empty());
+    for seconds in [0, 3601] {
+        assert_eq!(
+            broken(&with_interval(seconds)),
+            vec!["heartbeatIntervalSeconds must be between 1 and 3600".to_owned()],
+            "{seconds} s"
+        );
+    }
+}
+
+#[test]
 fn topology_tier_and_node_are_immutable() {
     let old = group(json!({"tier": "Node", "nodeName": "n1"}));
     let mut renamed = old.clone();

@@ -30,6 +30,9 @@ pub struct Fleet {
     pub nodes: usize,
     /// How many of each node's eight cards are in MIG mode (the last ones).
     pub mig_cards: u32,
+    /// How often the played agents heartbeat (their `--heartbeat-interval`), recorded in each
+    /// TopologyGroup as agents do.
+    pub heartbeat: Duration,
 }
 
 /// Cards per fleet node.
@@ -66,7 +69,7 @@ impl Fleet {
                                         "migCapable": true, "migEnabled": c >= mig_from, "health": "Healthy",
                                         "pcieSwitch": format!("sw{}", c / 2), "numaNode": c / 4, "socket": c / 4}))
                         .collect();
-                    let status = json!({"apiVersion": "runtimekit.aliyun.com/v1alpha1", "kind": "TopologyGroup", "status": {"cards": cards, "heartbeatTime": Time(Timestamp::now())}});
+                    let status = json!({"apiVersion": "runtimekit.aliyun.com/v1alpha1", "kind": "TopologyGroup", "status": {"cards": cards, "heartbeatTime": Time(Timestamp::now()), "heartbeatIntervalSeconds": self.heartbeat.as_secs()}});
                     groups.patch_status(&name, &params, &Patch::Apply(&status)).await?;
                     Ok::<(), anyhow::Error>(())
                 }
@@ -77,17 +80,16 @@ impl Fleet {
         Ok(())
     }
 
-    /// Plays the agents' heartbeat every `every` (agents beat every 30 s by default, and their
-    /// `--heartbeat-interval` sets it), a merge patch of the one field as agents write, so their
-    /// cards stay offered; runs until dropped.
-    pub async fn heartbeat(self, client: Client, every: Duration) {
+    /// Plays the agents' heartbeat at the fleet's interval, a merge patch of the one field as
+    /// agents write, so their cards stay offered; runs until dropped.
+    pub async fn heartbeats(self, client: Client) {
         let groups: Api<TopologyGroup> = Api::all(client);
         let params = PatchParams {
             field_manager: Some("load-heartbeat".into()),
             ..PatchParams::default()
         };
         loop {
-            tokio::time::sleep(every).await;
+            tokio::time::sleep(self.heartbeat).await;
             stream::iter(0..self.nodes)
                 .map(|i| {
                     let (groups, params) = (groups.clone(), params.clone());

@@ -57,9 +57,10 @@ pub struct Cli {
     #[arg(long, default_value = "/var/lib/kubelet/pod-resources/kubelet.sock")]
     pub pod_resources_socket: PathBuf,
 
-    /// How often the TopologyGroup's heartbeat is written (for example 30s); the operator
-    /// withholds the cards of a node whose heartbeat is older than 90 s.
-    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    /// How often the TopologyGroup's heartbeat is written, in whole seconds from 1s to 1h (for
+    /// example 30s). The status records it, and the operator withholds the node's cards after
+    /// three intervals without a heartbeat.
+    #[arg(long, default_value = "30s", value_parser = parse_heartbeat_interval)]
     pub heartbeat_interval: Duration,
 
     /// How often the cards are listed and every slice is looked at without a change.
@@ -191,6 +192,17 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(duration)
 }
 
+/// A heartbeat interval, as the TopologyGroup's status can record it: whole seconds, 1 s to 1 h.
+fn parse_heartbeat_interval(text: &str) -> Result<Duration, String> {
+    let interval = parse_duration(text)?;
+    if interval.subsec_nanos() != 0 || !(1..=3600).contains(&interval.as_secs()) {
+        return Err(format!(
+            "{text:?} must be whole seconds from 1s to 1h (the TopologyGroup records it in seconds)"
+        ));
+    }
+    Ok(interval)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -234,6 +246,16 @@ mod tests {
         let error = parse(&["--node-name", "n1", "--heartbeat-interval", "soon"])
             .expect_err("bad duration");
         assert!(error.to_string().contains("is not a duration"), "{error}");
+        for interval in ["500ms", "1500ms", "2h"] {
+            let error = parse(&["--node-name", "n1", "--heartbeat-interval", interval])
+                .expect_err("out of range");
+            assert!(
+                error
+                    .to_string()
+                    .contains("must be whole seconds from 1s to 1h"),
+                "{error}"
+            );
+        }
         let cli =
             parse(&["--node-name", "n1", "--config", "/nonexistent/config.yaml"]).expect("parses");
         assert!(

@@ -94,7 +94,8 @@ impl Reporter {
                     (Some(w), false) => w.heartbeat_time.clone().unwrap_or_else(now),
                     _ => now(),
                 };
-                let status = topology::status(&state, written.as_ref(), heartbeat, generation);
+                let beat_now = (heartbeat, self.heartbeat);
+                let status = topology::status(&state, written.as_ref(), beat_now, generation);
                 let changed = written.as_ref().map(comparable) != Some(comparable(&status));
                 if changed || due {
                     // A beat with nothing else new is a small merge patch of the one field,

@@ -9,6 +9,7 @@ use runtimekit_crds::{
 };
 use runtimekit_proto::resource::v1alpha1 as pb;
 use std::collections::BTreeSet;
+use std::time::Duration;
 
 fn non_empty(s: &str) -> Option<String> {
     (!s.is_empty()).then(|| s.to_owned())
@@ -201,11 +202,12 @@ pub fn ready_condition(state: &NodeState, now: Time) -> Condition {
     }
 }
 
-/// The status the agent reports for its node, keeping the transition times of `previous`.
+/// The status the agent reports for its node, beating now at the interval it runs with, keeping
+/// the transition times of `previous`.
 pub fn status(
     state: &NodeState,
     previous: Option<&TopologyGroupStatus>,
-    heartbeat: Time,
+    (heartbeat, interval): (Time, Duration),
     generation: Option<i64>,
 ) -> TopologyGroupStatus {
     let (cards, nics) = match &state.inventory {
@@ -233,6 +235,8 @@ pub fn status(
         nics,
         nodes: Vec::new(),
         heartbeat_time: Some(heartbeat),
+        // The operator allows three intervals without a beat before it withholds the cards.
+        heartbeat_interval_seconds: Some(u32::try_from(interval.as_secs()).unwrap_or(u32::MAX)),
         observed_generation: generation,
         conditions,
     }
@@ -244,6 +248,9 @@ mod tests {
     use crate::fixtures::{at, fault, four_cards, slice};
     use crate::health::FaultState;
     use runtimekit_crds::{SliceMode, SlicePhase};
+
+    /// The agent's default heartbeat interval.
+    const EVERY: Duration = Duration::from_secs(30);
 
     #[test]
     fn cards_held_whole_by_pods_without_a_slice_there_are_held_outside() {
@@ -259,7 +266,7 @@ mod tests {
         state
             .slices
             .push(slice("mine", 2, SliceMode::Whole, SlicePhase::Ready));
-        let status = status(&state, None, at(10), Some(1));
+        let status = status(&state, None, (at(10), EVERY), Some(1));
         let held: Vec<(u32, Vec<String>)> = status
             .cards
             .iter()
@@ -279,7 +286,7 @@ mod tests {
     #[test]
     fn cards_map_with_topology_links_and_instances() {
         let state = four_cards();
-        let status = status(&state, None, at(10), Some(1));
+        let status = status(&state, None, (at(10), EVERY), Some(1));
         assert_eq!(status.cards.len(), 4);
         let card0 = &status.cards[0];
         assert_eq!(card0.uuid, "GPU-0");
@@ -308,6 +315,7 @@ mod tests {
         assert_eq!(status.nics[0].name, "mlx5_0");
         assert_eq!(status.nics[0].pcie_switch.as_deref(), Some("pex0"));
         assert_eq!(status.heartbeat_time, Some(at(10)));
+        assert_eq!(status.heartbeat_interval_seconds, Some(30));
         assert_eq!(status.conditions[0].status, "True");
         assert_eq!(status.conditions[0].observed_generation, Some(1));
     }
@@ -329,7 +337,7 @@ mod tests {
             ..Default::default()
         });
         state.faults = faults;
-        let status = status(&state, None, at(10), None);
+        let status = status(&state, None, (at(10), EVERY), None);
         assert_eq!(status.cards[2].health, CardHealth::Unhealthy);
         assert_eq!(status.cards[2].health_reason.as_deref(), Some("XID 79"));
         assert_eq!(
@@ -348,10 +356,10 @@ mod tests {
     #[test]
     fn transition_times_move_only_on_transitions() {
         let state = four_cards();
-        let first = status(&state, None, at(10), None);
-        let second = status(&state, Some(&first), at(20), None);
+        let first = status(&state, None, (at(10), EVERY), None);
+        let second = status(&state, Some(&first), (at(20), EVERY), None);
         assert_eq!(second.conditions[0].last_transition_time, at(10));
-        let down = status(&NodeState::default(), Some(&second), at(30), None);
+        let down = status(&NodeState::default(), Some(&second), (at(30), EVERY), None);
         assert_eq!(down.conditions[0].status, "False");
         assert_eq!(down.conditions[0].last_transition_time, at(30));
         assert_eq!(down.cards, first.cards, "the last known cards stay");

@@ -124,13 +124,10 @@ async fn soak(cluster: &Cluster, args: &Args) -> Result<()> {
         prefix: "soak".into(),
         nodes: args.nodes,
         mig_cards: 2,
+        heartbeat: Duration::from_secs(30),
     };
     fleet.create(&client).await?;
-    let heartbeats = tokio::spawn(
-        fleet
-            .clone()
-            .heartbeat(client.clone(), Duration::from_secs(30)),
-    );
+    let heartbeats = tokio::spawn(fleet.clone().heartbeats(client.clone()));
     let (mut operator, listen) = start_operator(cluster, "soak")?;
     let operator_pid = i32::try_from(operator.id())?;
     let outcome = async {

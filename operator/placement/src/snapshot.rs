@@ -7,17 +7,50 @@ use crate::{Cluster, NodeDevices, NodeInfo, Resources, Settings, Share, SliceInp
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
 use runtimekit_contract::RuntimeKitConfig;
-use runtimekit_crds::{CardStatus, GpuSlice, TopologyGroup};
+use runtimekit_crds::{CardStatus, GpuSlice, TopologyGroup, TopologyGroupStatus};
 use std::time::Duration;
 
-/// How long a node agent may go without a heartbeat before its cards are withheld.
-/// Agents heartbeat every 30 s by default, so this is three missed beats.
-pub const AGENT_STALE_AFTER: Duration = Duration::from_secs(90);
+/// How often an agent that does not say is taken to heartbeat: the agent's default.
+pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(30);
 
-/// Whether an agent whose last heartbeat is `heartbeat` still reports at `now`.
-pub fn agent_fresh(heartbeat: Option<Timestamp>, now: Timestamp) -> bool {
-    let stale_after = i64::try_from(AGENT_STALE_AFTER.as_secs()).unwrap_or(i64::MAX);
-    heartbeat.is_some_and(|t| now.as_second().saturating_sub(t.as_second()) <= stale_after)
+/// How many heartbeats an agent may miss before its node's cards are withheld.
+pub const MISSED_HEARTBEATS: u32 = 3;
+
+/// A node agent's last heartbeat and the interval it promises to beat at, from its
+/// TopologyGroup's status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Heartbeat {
+    /// When it last beat.
+    pub at: Option<Timestamp>,
+    /// How often it beats.
+    pub every: Duration,
+}
+
+impl Heartbeat {
+    /// The heartbeat a node-tier group's status reports.
+    pub fn of(status: &TopologyGroupStatus) -> Self {
+        Self {
+            at: status.heartbeat_time.as_ref().map(|t| t.0),
+            every: status
+                .heartbeat_interval_seconds
+                .map_or(DEFAULT_HEARTBEAT_INTERVAL, |s| {
+                    Duration::from_secs(u64::from(s))
+                }),
+        }
+    }
+
+    /// How long the agent may go without a beat: three of its intervals, so one late beat on a
+    /// loaded apiserver does not withhold a node, whatever interval the agent runs with.
+    pub fn stale_after(&self) -> Duration {
+        self.every.saturating_mul(MISSED_HEARTBEATS)
+    }
+
+    /// Whether the agent still counts as reporting at `now`.
+    pub fn fresh(&self, now: Timestamp) -> bool {
+        let stale_after = i64::try_from(self.stale_after().as_secs()).unwrap_or(i64::MAX);
+        self.at
+            .is_some_and(|t| now.as_second().saturating_sub(t.as_second()) <= stale_after)
+    }
 }
 
 /// The engine's name for whatever holds a node's cards outside the runtimekit scheduler: one
@@ -78,8 +111,7 @@ pub fn cluster_from(
         for hold in outside_holds(&devices.node, &status.cards) {
             cluster.upsert_slice(hold);
         }
-        let heartbeat = status.heartbeat_time.map(|t| t.0);
-        cluster.set_agent_reporting(&devices.node, agent_fresh(heartbeat, now));
+        cluster.set_agent_reporting(&devices.node, Heartbeat::of(&status).fresh(now));
     }
     for slice in listed.slices {
         match SliceInput::from_gpu_slice(slice) {
@@ -116,9 +148,10 @@ mod tests {
     use super::*;
     use crate::PodInput;
     use runtimekit_contract::parse_pod;
-    use serde_json::json;
+    use serde_json::{Value, json};
 
-    fn objects(heartbeat: Timestamp) -> (Vec<Node>, Vec<TopologyGroup>, Vec<Pod>) {
+    /// A node, its group and a pod bound to it; `heartbeat` is the status's heartbeat fields.
+    fn objects(heartbeat: Value) -> (Vec<Node>, Vec<TopologyGroup>, Vec<Pod>) {
         let node: Node = serde_json::from_value(json!({
             "metadata": {"name": "n1", "labels": {"lj_runtimekit_enable": "true"}},
             "status": {"allocatable": {"cpu": "8", "memory": "64Gi", "pods": "110"},
@@ -129,11 +162,12 @@ mod tests {
                 "model": "NVIDIA H800", "memoryMib": 81920, "health": "Healthy",
                 "heldBy": if held { json!(["other/web"]) } else { json!([]) }})
         };
+        let mut status = heartbeat;
+        status["cards"] = json!([card(0, true), card(1, false)]);
         let group: TopologyGroup = serde_json::from_value(json!({
             "apiVersion": "runtimekit.aliyun.com/v1alpha1", "kind": "TopologyGroup",
             "metadata": {"name": "n1"}, "spec": {"tier": "Node", "nodeName": "n1"},
-            "status": {"cards": [card(0, true), card(1, false)],
-                "heartbeatTime": heartbeat.to_string()}}))
+            "status": status}))
         .expect("group");
         let running: Pod = serde_json::from_value(json!({
             "metadata": {"name": "busy", "namespace": "ml", "uid": "u-busy"},
@@ -159,7 +193,7 @@ mod tests {
     #[test]
     fn the_listed_cluster_holds_what_the_operator_would() {
         let now = Timestamp::now();
-        let (nodes, groups, pods) = objects(now);
+        let (nodes, groups, pods) = objects(json!({"heartbeatTime": now.to_string()}));
         let listed = Listed {
             nodes: &nodes,
             groups: &groups,
@@ -176,11 +210,9 @@ mod tests {
         assert!(full.to_string().contains("Insufficient cpu"), "{full}");
     }
 
-    #[test]
-    fn a_stale_heartbeat_withholds_the_nodes_cards() {
-        let now = Timestamp::now();
-        let stale = now - Duration::from_secs(AGENT_STALE_AFTER.as_secs() + 5);
-        let (nodes, groups, pods) = objects(stale);
+    /// Whether the node's cards are offered at `now` with these heartbeat fields.
+    fn offered(heartbeat: Value, now: Timestamp) -> bool {
+        let (nodes, groups, pods) = objects(heartbeat);
         let listed = Listed {
             nodes: &nodes,
             groups: &groups,
@@ -188,11 +220,31 @@ mod tests {
             pods: &pods,
         };
         let (cluster, _) = cluster_from(&RuntimeKitConfig::default(), listed, now);
-        let refused = cluster.decide(&pod("500m")).expect_err("withheld");
-        assert!(
-            refused.to_string().contains("no node agent reporting"),
-            "{refused}"
-        );
-        assert!(!agent_fresh(None, now));
+        match cluster.decide(&pod("500m")) {
+            Ok(_) => true,
+            Err(refused) => {
+                assert!(
+                    refused.to_string().contains("no node agent reporting"),
+                    "{refused}"
+                );
+                false
+            }
+        }
+    }
+
+    #[test]
+    fn a_stale_heartbeat_withholds_the_nodes_cards() {
+        let now = Timestamp::now();
+        let ago = |seconds: u64| (now - Duration::from_secs(seconds)).to_string();
+        // An agent that does not say beats every 30 s: three missed beats withhold its cards.
+        assert!(offered(json!({"heartbeatTime": ago(90)}), now));
+        assert!(!offered(json!({"heartbeatTime": ago(95)}), now));
+        // One that beats every 60 s may go 180 s; one that beats every 10 s only 30 s.
+        let every = |at: String, seconds: u32| json!({"heartbeatTime": at, "heartbeatIntervalSeconds": seconds});
+        assert!(offered(every(ago(150), 60), now));
+        assert!(!offered(every(ago(185), 60), now));
+        assert!(!offered(every(ago(35), 10), now));
+        // No heartbeat at all: never offered.
+        assert!(!offered(json!({}), now));
     }
 }

@@ -9,8 +9,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use runtimekit_crds::{CardHealth, CardStatus, NicStatus, Tier, TopologyCapacity, TopologyGroup};
 use runtimekit_placement as placement;
-pub use runtimekit_placement::snapshot::AGENT_STALE_AFTER;
-use runtimekit_placement::snapshot::{agent_fresh as fresh, outside_holder, outside_holds};
+use runtimekit_placement::snapshot::{Heartbeat, outside_holder, outside_holds};
 use std::collections::{BTreeMap, BTreeSet};
 
 impl Feed for TopologyGroup {
@@ -34,8 +33,8 @@ impl Feed for TopologyGroup {
 pub(super) struct NodeGroup {
     /// The node it describes.
     pub(super) node: String,
-    /// The agent's last heartbeat.
-    heartbeat: Option<Timestamp>,
+    /// The agent's last heartbeat and its interval.
+    heartbeat: Heartbeat,
     /// The group's parent as the API has it.
     parent: Option<String>,
     /// The capacity the agent reports.
@@ -115,12 +114,12 @@ impl State {
                 self.engine.set_devices(&node, &cards, &nics);
                 self.hold_outside(&node, &status.cards);
             }
-            let heartbeat = status.heartbeat_time.map(|t| t.0);
-            let reporting = fresh(heartbeat, now);
+            let heartbeat = Heartbeat::of(&status);
+            let reporting = heartbeat.fresh(now);
             let was_reporting = self
                 .node_groups
                 .get(&name)
-                .is_some_and(|g| fresh(g.heartbeat, now));
+                .is_some_and(|g| g.heartbeat.fresh(now));
             if reporting && !was_reporting {
                 self.capacity_freed = true;
             }
@@ -224,7 +223,7 @@ impl State {
             if group.parent != parent {
                 plan.parents.push((name.clone(), parent));
             }
-            let reporting = fresh(group.heartbeat, now);
+            let reporting = group.heartbeat.fresh(now);
             if group.stale_reported == reporting {
                 group.stale_reported = !reporting;
                 plan.reporting.push((name.clone(), reporting));
@@ -268,7 +267,7 @@ impl State {
     pub fn refresh_heartbeats(&mut self, now: Timestamp) -> Vec<String> {
         let mut stale = Vec::new();
         for (name, group) in &self.node_groups {
-            let reporting = fresh(group.heartbeat, now);
+            let reporting = group.heartbeat.fresh(now);
             self.engine.set_agent_reporting(&group.node, reporting);
             if !reporting {
                 stale.push(name.clone());

@@ -20,7 +20,7 @@ mod slices;
 
 pub use allocations::RESTORE_GRACE;
 pub use gangs::{GangBinding, GangError};
-pub use groups::{AGENT_STALE_AFTER, TopologyPlan};
+pub use groups::TopologyPlan;
 pub use health::TaintChange;
 pub use ledger::{GangLine, GroupLine, Ledger};
 pub use nodes::IMPLICIT_NETWORK_POD;

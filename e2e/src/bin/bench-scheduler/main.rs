@@ -31,7 +31,8 @@ use workload::Workload;
 pub const CONCURRENCY: usize = 64;
 pub const STEADY_RATE: u64 = 100;
 /// How often the fleet's agents heartbeat: once a minute (`--heartbeat-interval=60s`; the
-/// operator withholds a node's cards after 90 s without one), to keep 5,000 nodes light.
+/// operator withholds a node's cards after three intervals without one), to keep 5,000 nodes
+/// light.
 pub const HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// How big the runs are: the full benchmark, or with `BENCH_SMOKE` set the smoke form CI runs
@@ -130,9 +131,10 @@ async fn bench(cluster: &mut Cluster, sizes: Sizes) -> Result<()> {
         prefix: "bench".into(),
         nodes,
         mig_cards: 0,
+        heartbeat: HEARTBEAT,
     };
     fleet.create(&client).await?;
-    let heartbeats = tokio::spawn(fleet.clone().heartbeat(client.clone(), HEARTBEAT));
+    let heartbeats = tokio::spawn(fleet.clone().heartbeats(client.clone()));
     let mut operator = Operator::start(cluster)?;
     wait_operator_ready(&client, "bench").await?;
     let mut processes = Processes::of(cluster, &operator.child)?;
@@ -255,6 +257,7 @@ async fn bench(cluster: &mut Cluster, sizes: Sizes) -> Result<()> {
             prefix: "scale".into(),
             nodes: sizes.scale_nodes.saturating_sub(nodes),
             mig_cards: 2,
+            heartbeat: HEARTBEAT,
         };
         scale::run(&client, &processes, nodes, extra, sizes.gangs).await?
     } else {
