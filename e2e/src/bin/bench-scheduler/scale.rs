@@ -40,7 +40,7 @@ pub const GANGS: [(usize, usize); 3] = [(20, 8), (4, 64), (1, 512)];
 /// The same in the smoke form.
 pub const SMOKE_GANGS: [(usize, usize); 2] = [(2, 4), (1, 8)];
 
-/// Grows the cluster by `extra` (nodes named `scale-*`, two MIG cards each), fills it to 90 %
+/// Grows the cluster by `extra` (nodes named `scale-*`, with MIG cards), fills it to 90 %
 /// and then runs the gangs.
 pub async fn run(
     client: &Client,
