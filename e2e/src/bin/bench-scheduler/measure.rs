@@ -129,25 +129,49 @@ pub fn watch_bound(
     Arc<Mutex<HashMap<String, Instant>>>,
     tokio::task::JoinHandle<()>,
 ) {
-    let bound = Arc::new(Mutex::new(HashMap::new()));
+    watch_pods(client, ns, |pod| {
+        pod.spec
+            .as_ref()
+            .and_then(|s| s.node_name.as_ref())
+            .is_some()
+    })
+}
+
+/// Records when each pod of a namespace was first seen at all (made by a controller).
+pub fn watch_created(
+    client: &Client,
+    ns: &str,
+) -> (
+    Arc<Mutex<HashMap<String, Instant>>>,
+    tokio::task::JoinHandle<()>,
+) {
+    watch_pods(client, ns, |_| true)
+}
+
+/// Records when each pod of a namespace was first seen matching `wanted`.
+fn watch_pods(
+    client: &Client,
+    ns: &str,
+    wanted: fn(&Pod) -> bool,
+) -> (
+    Arc<Mutex<HashMap<String, Instant>>>,
+    tokio::task::JoinHandle<()>,
+) {
+    let found = Arc::new(Mutex::new(HashMap::new()));
     let api: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let seen = Arc::clone(&bound);
+    let seen = Arc::clone(&found);
     let task = tokio::spawn(async move {
         let mut events = watcher(api, watcher::Config::default()).boxed();
         while let Ok(Some(event)) = events.try_next().await {
             if let watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) = event
-                && pod
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.node_name.as_ref())
-                    .is_some()
+                && wanted(&pod)
                 && let Ok(mut seen) = seen.lock()
             {
                 seen.entry(pod.name_any()).or_insert_with(Instant::now);
             }
         }
     });
-    (bound, task)
+    (found, task)
 }
 
 /// Creates `count` pods of `workload` (and their groups first) with [`CONCURRENCY`] requests

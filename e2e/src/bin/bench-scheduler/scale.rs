@@ -10,9 +10,10 @@ use kube::{Client, ResourceExt};
 use runtimekit_crds::{GangGroup, GangPhase};
 use runtimekit_e2e::load::{CARDS, Fleet, namespace};
 use serde_json::{Value, json};
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use crate::measure::{Processes, cpu_since, watch_bound};
+use crate::measure::{Processes, cpu_since, watch_bound, watch_created};
 use crate::workload::Workload;
 use crate::{CONCURRENCY, OURS};
 
@@ -28,11 +29,19 @@ pub struct Scale {
     pub filled: f64,
     /// Bound pods of the mixed stream per second, from the first creation to the last binding.
     pub pods_per_sec: f64,
-    /// Per gang size: how many JobSets, and the seconds from creation until all members were
-    /// bound for each (None: not all were bound in time).
-    pub gangs: Vec<(usize, Vec<Option<f64>>)>,
+    /// Per gang size: how many JobSets, and for each how long its members took (None: not all
+    /// were bound in time).
+    pub gangs: Vec<(usize, Vec<Option<GangTime>>)>,
     /// CPU seconds each process used over the part.
     pub cpu: Vec<(String, f64)>,
+}
+
+/// Seconds from a JobSet's creation until all its members were bound, and the part of it the
+/// Job controller took to create them all, which no scheduler can bind before.
+#[derive(Debug, Clone, Copy)]
+pub struct GangTime {
+    pub bound: f64,
+    pub created: f64,
 }
 
 /// The gangs part 3 makes, as (JobSets, members each).
@@ -66,7 +75,7 @@ pub async fn run(
     );
     scale.gangs = run_gangs(client, gangs).await?;
     for (size, times) in &scale.gangs {
-        eprintln!("scale: gangs of {size}: {times:?} s");
+        eprintln!("scale: gangs of {size}: {times:?}");
     }
     scale.cpu = cpu_since(&cpu_before, &processes.cpu());
     heartbeats.abort();
@@ -160,14 +169,16 @@ fn mixed(rng: &mut Rng) -> (Value, f64) {
     }
 }
 
-/// Creates every gang's JobSet at once and times each until all its members are bound.
+/// Creates every gang's JobSet at once and times each until all its members are created and
+/// bound.
 async fn run_gangs(
     client: &Client,
     gangs: &[(usize, usize)],
-) -> Result<Vec<(usize, Vec<Option<f64>>)>> {
+) -> Result<Vec<(usize, Vec<Option<GangTime>>)>> {
     let ns = "bench-gangs";
     namespace(client, ns).await?;
     let (bound, watch) = watch_bound(client, ns);
+    let (made, made_watch) = watch_created(client, ns);
     tokio::time::sleep(Duration::from_secs(1)).await;
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &jobset());
     let mut created = Vec::new();
@@ -186,12 +197,14 @@ async fn run_gangs(
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     watch.abort();
+    made_watch.abort();
     let bound = bound.lock().map(|b| b.clone()).unwrap_or_default();
+    let made = made.lock().map(|m| m.clone()).unwrap_or_default();
     // Why a gang is not bound, in its GangGroup's words.
     let groups: Api<GangGroup> = Api::namespaced(client.clone(), ns);
     for group in groups.list(&Default::default()).await?.items {
         let status = group.status.unwrap_or_default();
-        if status.phase != Some(GangPhase::Running) {
+        if !matches!(status.phase, Some(GangPhase::Bound | GangPhase::Running)) {
             eprintln!(
                 "scale: {} is {:?}: {}",
                 group.metadata.name.unwrap_or_default(),
@@ -207,16 +220,23 @@ async fn run_gangs(
                 .iter()
                 .filter(|(_, s, _)| *s == size)
                 .map(|(name, _, at)| {
-                    let members: Vec<&Instant> = bound
-                        .iter()
-                        .filter(|(pod, _)| pod.starts_with(&format!("{name}-")))
-                        .map(|(_, t)| t)
-                        .collect();
-                    (members.len() == size).then(|| {
-                        members
-                            .into_iter()
-                            .max()
-                            .map_or(0.0, |t| t.duration_since(*at).as_secs_f64())
+                    // Seconds until the last of the gang's members was seen in `times`.
+                    let last = |times: &HashMap<String, Instant>| {
+                        let members: Vec<&Instant> = times
+                            .iter()
+                            .filter(|(pod, _)| pod.starts_with(&format!("{name}-")))
+                            .map(|(_, t)| t)
+                            .collect();
+                        (members.len() == size).then(|| {
+                            members
+                                .into_iter()
+                                .max()
+                                .map_or(0.0, |t| t.duration_since(*at).as_secs_f64())
+                        })
+                    };
+                    Some(GangTime {
+                        bound: last(&bound)?,
+                        created: last(&made)?,
                     })
                 })
                 .collect();
