@@ -328,6 +328,38 @@ fn a_stale_agent_has_its_cards_withheld() {
     bind(&mut state, "uid-p", Instant::now() + Duration::from_secs(2));
 }
 
+#[test]
+fn only_an_agent_that_stopped_heartbeating_is_reported_stale() {
+    let mut state = State::new(RuntimeKitConfig::default());
+    state.apply_node(&node("n1"));
+    let now = Timestamp::now();
+    let ago = |seconds: i64| {
+        now.checked_sub(k8s_openapi::jiff::SignedDuration::from_secs(seconds))
+            .expect("time")
+    };
+    // Created by its agent, status not written yet: not reported stale.
+    let mut created = group("n1", 1, now);
+    created.status = None;
+    state.apply_group(&created, now);
+    state.refresh_topology();
+    assert!(state.topology_plan(now).reporting.is_empty());
+    // Reporting from then on: nothing to report either.
+    state.apply_group(&group("n1", 1, now), now);
+    assert!(state.topology_plan(now).reporting.is_empty());
+    // Three missed beats: reported once, and again once it resumes.
+    state.apply_group(&group("n1", 1, ago(100)), now);
+    assert_eq!(
+        state.topology_plan(now).reporting,
+        vec![("n1".to_owned(), false)]
+    );
+    assert!(state.topology_plan(now).reporting.is_empty());
+    state.apply_group(&group("n1", 1, now), now);
+    assert_eq!(
+        state.topology_plan(now).reporting,
+        vec![("n1".to_owned(), true)]
+    );
+}
+
 /// `node` with `taints` (key, value, effect).
 fn tainted(name: &str, taints: &[(&str, &str, &str)]) -> Node {
     let mut node = node(name);

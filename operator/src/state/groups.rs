@@ -224,7 +224,10 @@ impl State {
                 plan.parents.push((name.clone(), parent));
             }
             let reporting = group.heartbeat.fresh(now);
-            if group.stale_reported == reporting {
+            // A group its agent has not written yet (created, its status on the way) has not
+            // stopped reporting: a fleet's rollout would otherwise warn and write twice a node.
+            let started = group.heartbeat.at.is_some();
+            if started && group.stale_reported == reporting {
                 group.stale_reported = !reporting;
                 plan.reporting.push((name.clone(), reporting));
             }
@@ -263,17 +266,12 @@ impl State {
     }
 
     /// Withholds the cards of nodes whose agent stopped reporting, and offers them again when it
-    /// resumes. Returns the node groups that are stale now.
-    pub fn refresh_heartbeats(&mut self, now: Timestamp) -> Vec<String> {
-        let mut stale = Vec::new();
-        for (name, group) in &self.node_groups {
-            let reporting = group.heartbeat.fresh(now);
-            self.engine.set_agent_reporting(&group.node, reporting);
-            if !reporting {
-                stale.push(name.clone());
-            }
+    /// resumes.
+    pub fn refresh_heartbeats(&mut self, now: Timestamp) {
+        for group in self.node_groups.values() {
+            self.engine
+                .set_agent_reporting(&group.node, group.heartbeat.fresh(now));
         }
-        stale
     }
 
     /// Recomputes the topology tree if node labels or applied groups changed, and moves the
