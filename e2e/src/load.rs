@@ -81,30 +81,41 @@ impl Fleet {
     }
 
     /// Plays the agents' heartbeat at the fleet's interval, a merge patch of the one field as
-    /// agents write, so their cards stay offered; runs until dropped.
+    /// agents write, so their cards stay offered; runs until dropped. Each node beats on its own
+    /// phase of the interval, as agents started at different times do, so the apiserver takes an
+    /// even stream and not the whole fleet at once, and a beat is never later than the interval
+    /// however long a round of the fleet would take.
     pub async fn heartbeats(self, client: Client) {
         let groups: Api<TopologyGroup> = Api::all(client);
         let params = PatchParams {
             field_manager: Some("load-heartbeat".into()),
             ..PatchParams::default()
         };
-        loop {
-            tokio::time::sleep(self.heartbeat).await;
-            stream::iter(0..self.nodes)
-                .map(|i| {
-                    let (groups, params) = (groups.clone(), params.clone());
-                    let name = self.node(i);
-                    async move {
-                        let status = json!({"status": {"heartbeatTime": Time(Timestamp::now())}});
-                        let _ = groups
-                            .patch_status(&name, &params, &Patch::Merge(&status))
-                            .await;
-                    }
-                })
-                .buffer_unordered(8)
-                .collect::<Vec<()>>()
-                .await;
-        }
+        let nodes = self.nodes.max(1);
+        let period = self
+            .heartbeat
+            .checked_div(u32::try_from(nodes).unwrap_or(u32::MAX))
+            .unwrap_or(self.heartbeat)
+            .max(Duration::from_millis(1));
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        stream::unfold((tick, 0), |(mut tick, i)| async move {
+            tick.tick().await;
+            Some((i % nodes, (tick, i + 1)))
+        })
+        .map(|i| {
+            let (groups, params) = (groups.clone(), params.clone());
+            let name = self.node(i);
+            async move {
+                let status = json!({"status": {"heartbeatTime": Time(Timestamp::now())}});
+                let _ = groups
+                    .patch_status(&name, &params, &Patch::Merge(&status))
+                    .await;
+            }
+        })
+        .buffer_unordered(CONCURRENCY)
+        .collect::<()>()
+        .await;
     }
 }
 
