@@ -157,6 +157,41 @@ fn card_of(binding: &Binding) -> u32 {
 }
 
 #[test]
+fn new_counts_of_the_same_reason_are_reported_at_most_once_a_minute() {
+    let mut state = cluster(1);
+    let now = Instant::now();
+    state.apply_pod(&pod("first", whole(), 10));
+    state.apply_pod(&pod("second", whole(), 5));
+    bind(&mut state, "uid-first", now);
+    let Outcome::Unschedulable { changed, .. } = state.schedule("uid-second", now) else {
+        panic!("the only card is taken");
+    };
+    assert!(changed);
+    // A second node, taken at once: the same reason, only its counts move.
+    state.apply_node(&node("n2"));
+    state.apply_group(&group("n2", 1, Timestamp::now()), Timestamp::now());
+    state.refresh_topology();
+    state.apply_pod(&pod("third", whole(), 1));
+    bind(&mut state, "uid-third", now);
+    let recount = |state: &mut State, at: Instant| match state.schedule("uid-second", at) {
+        Outcome::Unschedulable { message, changed } => (message, changed),
+        other => panic!("no card is free: {other:?}"),
+    };
+    let (message, changed) = recount(&mut state, now + Duration::from_secs(2));
+    assert!(
+        message.starts_with("0/2 nodes are available: 2 "),
+        "{message}"
+    );
+    assert!(!changed, "new counts alone wait");
+    let (_, changed) = recount(&mut state, now + Duration::from_secs(60));
+    assert!(changed, "and are reported a minute after the last report");
+    // A new reason is reported at once.
+    state.apply_group(&faulted_group("n2", 1, &[0]), Timestamp::now());
+    let (message, changed) = recount(&mut state, now + Duration::from_secs(61));
+    assert!(changed, "{message}");
+}
+
+#[test]
 fn pending_pods_are_decided_oldest_first() {
     let mut state = cluster(2);
     state.apply_pod(&pod("young", whole(), 1));

@@ -53,10 +53,21 @@ pub(super) struct Attempts {
     count: u32,
     /// When it may try again.
     next: Instant,
-    /// The message last reported to the pod, so each is reported once.
-    reported: Option<String>,
+    /// The message last reported to the pod and when, so each is reported once.
+    reported: Option<(String, Instant)>,
     /// The pod breaks the contract: only replacing it helps, so freed capacity does not hurry it.
     broken: bool,
+}
+
+/// Whether two messages differ only in their numbers ("0/40 nodes ...: 12 ..." and
+/// "0/40 nodes ...: 13 ...").
+fn only_numbers_differ(a: &str, b: &str) -> bool {
+    let words = |s: &'_ str| {
+        s.chars()
+            .filter(|c| !c.is_ascii_digit())
+            .collect::<String>()
+    };
+    words(a) == words(b)
 }
 
 /// The decision an interrupted binding had made, rebuilt from the slices it wrote.
@@ -155,6 +166,8 @@ impl State {
         }
     }
 
+    /// Backs off a pod that did not fit; returns whether `message` is to be reported: a new
+    /// reason at once, new counts of the same reasons at most once a minute.
     pub(super) fn back_off(&mut self, uid: &str, now: Instant, message: &str) -> bool {
         let attempts = self.attempts.entry(uid.to_owned()).or_insert(Attempts {
             count: 0,
@@ -164,8 +177,19 @@ impl State {
         });
         attempts.count += 1;
         attempts.next = now + RETRY_BACKOFF.after(attempts.count);
-        let changed = attempts.reported.as_deref() != Some(message);
-        attempts.reported = Some(message.to_owned());
+        let changed = match &attempts.reported {
+            None => true,
+            Some((reported, _)) if reported == message => false,
+            // In a filling cluster the node counts move on every attempt; reporting each would
+            // be a condition and an Event per pod per retry, when the apiserver has least room.
+            Some((reported, at)) if only_numbers_differ(reported, message) => {
+                now >= *at + RETRY_BACKOFF.max
+            }
+            Some(_) => true,
+        };
+        if changed {
+            attempts.reported = Some((message.to_owned(), now));
+        }
         changed
     }
 
