@@ -79,8 +79,7 @@ impl Sizes {
                 // 100 gangs of 8 by default (BENCH_PEER_GANGS sets the count): 20 drained in
                 // about a second, less than one of Volcano's cycles, and start-up decided it.
                 peer_gangs: (env_number("BENCH_PEER_GANGS").unwrap_or(100), 8),
-                // BENCH_SCALE_NODES sets another size: 5,000 is more than a 2-core machine
-                // holds, 4,000 is not (docs/benchmarks.md).
+                // BENCH_SCALE_NODES sets another size (docs/benchmarks.md has 3,000 to 5,000).
                 scale_nodes: env_number("BENCH_SCALE_NODES").unwrap_or(5000),
                 gangs: &scale::GANGS,
             }
