@@ -121,14 +121,14 @@ pub fn operator_metrics(listen: std::net::SocketAddr) -> Vec<String> {
         .collect()
 }
 
-/// Records when each pod of a namespace was first seen bound.
-pub fn watch_bound(
-    client: &Client,
-    ns: &str,
-) -> (
+/// When each pod of a namespace was first seen as a watch wants it, by name, and the watch.
+pub type Watched = (
     Arc<Mutex<HashMap<String, Instant>>>,
     tokio::task::JoinHandle<()>,
-) {
+);
+
+/// Records when each pod of a namespace was first seen bound.
+pub fn watch_bound(client: &Client, ns: &str) -> Watched {
     watch_pods(client, ns, |pod| {
         pod.spec
             .as_ref()
@@ -138,25 +138,12 @@ pub fn watch_bound(
 }
 
 /// Records when each pod of a namespace was first seen at all (made by a controller).
-pub fn watch_created(
-    client: &Client,
-    ns: &str,
-) -> (
-    Arc<Mutex<HashMap<String, Instant>>>,
-    tokio::task::JoinHandle<()>,
-) {
+pub fn watch_created(client: &Client, ns: &str) -> Watched {
     watch_pods(client, ns, |_| true)
 }
 
 /// Records when each pod of a namespace was first seen matching `wanted`.
-fn watch_pods(
-    client: &Client,
-    ns: &str,
-    wanted: fn(&Pod) -> bool,
-) -> (
-    Arc<Mutex<HashMap<String, Instant>>>,
-    tokio::task::JoinHandle<()>,
-) {
+fn watch_pods(client: &Client, ns: &str, wanted: fn(&Pod) -> bool) -> Watched {
     let found = Arc::new(Mutex::new(HashMap::new()));
     let api: Api<Pod> = Api::namespaced(client.clone(), ns);
     let seen = Arc::clone(&found);
