@@ -252,13 +252,11 @@ async fn bench(cluster: &mut Cluster, sizes: Sizes) -> Result<()> {
         peer::Comparison::default()
     };
     let scale = if wanted("scale") {
-        // One MIG card a node: the stream's MIG pods ask for about 5 % of its cards, and MIG
-        // cards serve nothing else, so two a node (25 %) left a fifth of the fleet idle and too
-        // few whole cards for the gangs at 3,000 nodes.
+        let added = sizes.scale_nodes.saturating_sub(nodes);
         let extra = Fleet {
             prefix: "scale".into(),
-            nodes: sizes.scale_nodes.saturating_sub(nodes),
-            mig_cards: 1,
+            nodes: added,
+            mig_cards: scale::mig_cards_per_added_node(sizes.scale_nodes, added),
             heartbeat: HEARTBEAT,
         };
         scale::run(&client, &processes, nodes, extra, sizes.gangs).await?

@@ -44,6 +44,21 @@ pub struct GangTime {
     pub created: f64,
 }
 
+/// The share of the grown fleet's cards in MIG mode. MIG cards serve only `gpu-slice`, which
+/// the mixed stream asks for about 5 % of its cards with; more would idle (two of each added
+/// node's eight left a fifth of 3,000 nodes idle and too few whole cards for the gangs), fewer
+/// would leave MIG pods unplaced.
+const MIG_SHARE: f64 = 0.08;
+
+/// How many of each added node's cards are in MIG mode, so that about [`MIG_SHARE`] of the
+/// grown fleet's cards are (the first nodes have none).
+pub fn mig_cards_per_added_node(all_nodes: usize, added: usize) -> u32 {
+    let wanted = (MIG_SHARE * (all_nodes * CARDS as usize) as f64).ceil() as usize;
+    u32::try_from(wanted.div_ceil(added.max(1)))
+        .unwrap_or(CARDS)
+        .min(CARDS)
+}
+
 /// The gangs part 3 makes, as (JobSets, members each).
 pub const GANGS: [(usize, usize); 3] = [(20, 8), (4, 64), (1, 512)];
 /// The same in the smoke form.
