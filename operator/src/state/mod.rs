@@ -184,10 +184,11 @@ pub struct State {
     /// GpuSlices the apiserver accepted that the watch does not show yet, with the card each
     /// holds: they count as there, so they are neither re-created nor handed out again.
     created_unseen: HashMap<(String, String), Option<placement::SliceInput>>,
-    /// Slices whose delete, or whose Bound mark, was handed out as work and that the watch does
-    /// not show deleting, or past Reserved, yet: every event of their pod until then would
-    /// otherwise write them again.
+    /// Slices whose delete was handed out as work and that the watch does not show deleting
+    /// yet: every event of their pod until then would otherwise delete them again.
     releasing: BTreeSet<(String, String)>,
+    /// Gang slices whose Bound mark was handed out as work and that the watch does not show past
+    /// Reserved yet, for the same reason.
     marking: BTreeSet<(String, String)>,
     /// Bound pods whose allocation may name GpuSlices that do not exist, by UID.
     restore: HashMap<String, Restore>,

@@ -235,11 +235,12 @@ async fn run_gangs(
                 .iter()
                 .filter(|(_, s, _)| *s == size)
                 .map(|(name, _, at)| {
+                    let prefix = format!("{name}-");
                     // Seconds until the last of the gang's members was seen in `times`.
                     let last = |times: &HashMap<String, Instant>| {
                         let members: Vec<&Instant> = times
                             .iter()
-                            .filter(|(pod, _)| pod.starts_with(&format!("{name}-")))
+                            .filter(|(pod, _)| pod.starts_with(&prefix))
                             .map(|(_, t)| t)
                             .collect();
                         (members.len() == size).then(|| {
