@@ -52,6 +52,12 @@ fn the_scheduler_benchmark_runs_in_its_smoke_form() {
         Some(3),
         "{report}"
     );
+    // The smoke form drains one pair of backlogs (the full benchmark three).
+    assert_eq!(
+        report["backlog_pairs"].as_array().map(Vec::len),
+        Some(1),
+        "{report}"
+    );
     // The smoke fleet, filled to 90 %, places nearly all of the mixed stream (a pod of eight
     // cards that arrives late may find no free node) and every gang.
     let count = |key: &str| report[key].as_f64().unwrap_or(0.0);
@@ -64,6 +70,7 @@ fn the_scheduler_benchmark_runs_in_its_smoke_form() {
         "backlog_ours_pods_per_sec",
         "backlog_kube_scheduler_pods_per_sec",
         "apiserver_cpu_ms_per_pod_ours",
+        "apiserver_ratio",
         "ours_tdm_pods_per_sec",
         "peer_tdm_pods_per_sec",
         "ours_gangs_pods_per_sec",

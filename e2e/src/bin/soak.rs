@@ -126,8 +126,7 @@ async fn soak(cluster: &Cluster, args: &Args) -> Result<()> {
         mig_cards: 2,
         heartbeat: Duration::from_secs(30),
     };
-    fleet.create(&client).await?;
-    let heartbeats = tokio::spawn(fleet.clone().heartbeats(client.clone()));
+    let heartbeats = fleet.create(&client).await?;
     let (mut operator, listen) = start_operator(cluster, "soak")?;
     let operator_pid = i32::try_from(operator.id())?;
     let outcome = async {

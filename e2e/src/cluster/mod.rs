@@ -550,6 +550,14 @@ impl Drop for Cluster {
     }
 }
 
+/// Whether `node` says it is Ready (its kubelet, or kwok playing one, has initialised it).
+pub fn node_ready(node: &k8s_openapi::api::core::v1::Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
 /// The file naming every process a cluster started: `name pid program` per line.
 pub const PID_FILE: &str = "pids";
 

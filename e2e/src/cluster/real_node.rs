@@ -417,7 +417,7 @@ impl RealNode {
                         .context("giving the real node its address")?;
                 } else if tainted(&node) {
                     self.untaint(&nodes, &node).await?;
-                } else if ready(&node) && offers_cards(&node, WHOLE_CARDS) {
+                } else if super::node_ready(&node) && offers_cards(&node, WHOLE_CARDS) {
                     return Ok(());
                 }
             }
@@ -470,13 +470,6 @@ fn addresses(node: &Node) -> Vec<&str> {
         .and_then(|s| s.addresses.as_ref())
         .map(|a| a.iter().map(|a| a.address.as_str()).collect())
         .unwrap_or_default()
-}
-
-fn ready(node: &Node) -> bool {
-    node.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 /// Whether the kubelet counts the node agent's cards as `resource` (its device plugins

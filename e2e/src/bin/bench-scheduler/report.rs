@@ -12,8 +12,9 @@ pub struct Results<'a> {
     pub nodes: usize,
     pub pods: usize,
     pub processes: &'a Processes,
-    pub backlog_kube: Run,
-    pub backlog_ours: Run,
+    /// One drain per pair, in pair order.
+    pub backlog_kube: Vec<Run>,
+    pub backlog_ours: Vec<Run>,
     pub kube: Run,
     pub ours: Run,
     pub tdm: Run,
@@ -55,25 +56,7 @@ pub fn print(results: &Results) {
     println!(
         "\nscheduler benchmark: {nodes} kwok nodes x {CARDS} cards, {pods} pods per run, 2 cores shared with the control plane\n"
     );
-    println!(
-        "Backlog drain: {pods} whole-card pods created while no scheduler ran, then the scheduler started; timed from its start until every pod was bound.\n"
-    );
-    println!(
-        "| scheduler | bound pods/s | scheduler CPU s | kube-apiserver CPU s | apiserver CPU ms per bound pod |"
-    );
-    println!("| --- | --- | --- | --- | --- |");
-    for (name, run, process) in [
-        ("kube-scheduler", &backlog_kube, "kube-scheduler"),
-        ("ours", &backlog_ours, "runtimekit-operator"),
-    ] {
-        println!(
-            "| {name} | {:.0} | {:.1} | {:.1} | {:.2} |",
-            run.pods_per_sec,
-            cpu_of(&run.cpu, process),
-            cpu_of(&run.cpu, "kube-apiserver"),
-            apiserver_ms_per_pod(run)
-        );
-    }
+    print_backlog(*pods, backlog_kube, backlog_ours);
     println!(
         "\nBursts: pods created as fast as the apiserver takes them, the scheduler running.\n"
     );
@@ -110,13 +93,26 @@ pub fn print(results: &Results) {
     let names: Vec<&str> = processes.0.iter().map(|(n, _)| n.as_str()).collect();
     println!("| run | {} |", names.join(" | "));
     println!("|{}", " --- |".repeat(names.len() + 1));
-    for (name, run) in [
-        ("kube-scheduler burst", &kube),
-        ("ours burst", &ours),
-        ("ours TDM burst", &tdm),
-        ("kube-scheduler backlog", &backlog_kube),
-        ("ours backlog", &backlog_ours),
-    ] {
+    let drains = backlog_kube
+        .iter()
+        .enumerate()
+        .map(|(i, run)| (format!("kube-scheduler backlog, pair {}", i + 1), run))
+        .chain(
+            backlog_ours
+                .iter()
+                .enumerate()
+                .map(|(i, run)| (format!("ours backlog, pair {}", i + 1), run)),
+        );
+    let bursts = [
+        ("kube-scheduler burst", kube),
+        ("ours burst", ours),
+        ("ours TDM burst", tdm),
+    ];
+    let all = bursts
+        .into_iter()
+        .map(|(n, r)| (n.to_owned(), r))
+        .chain(drains);
+    for (name, run) in all {
         let cells: Vec<String> = names
             .iter()
             .map(|n| format!("{:.1}", cpu_of(&run.cpu, n)))
@@ -136,12 +132,15 @@ pub fn print(results: &Results) {
         .find(|(size, _)| *size == 512)
         .and_then(|(_, times)| times.first().copied().flatten())
         .map(|t| t.bound);
+    let pairs = Pair::all(backlog_kube, backlog_ours);
     let report = json!({
-        "backlog_ours_pods_per_sec": round(backlog_ours.pods_per_sec),
-        "backlog_kube_scheduler_pods_per_sec": round(backlog_kube.pods_per_sec),
-        "backlog_ratio": round2(backlog_ours.pods_per_sec / backlog_kube.pods_per_sec),
-        "apiserver_cpu_ms_per_pod_ours": round2(apiserver_ms_per_pod(backlog_ours)),
-        "apiserver_cpu_ms_per_pod_kube_scheduler": round2(apiserver_ms_per_pod(backlog_kube)),
+        "backlog_ours_pods_per_sec": round(median(backlog_ours.iter().map(|r| r.pods_per_sec))),
+        "backlog_kube_scheduler_pods_per_sec": round(median(backlog_kube.iter().map(|r| r.pods_per_sec))),
+        "backlog_ratio": round2(median(pairs.iter().map(|p| p.pods_per_sec))),
+        "apiserver_cpu_ms_per_pod_ours": round2(median(backlog_ours.iter().map(apiserver_ms_per_pod))),
+        "apiserver_cpu_ms_per_pod_kube_scheduler": round2(median(backlog_kube.iter().map(apiserver_ms_per_pod))),
+        "apiserver_ratio": round2(median(pairs.iter().map(|p| p.apiserver))),
+        "backlog_pairs": pairs.iter().map(|p| json!({"ratio": round2(p.pods_per_sec), "apiserver_ratio": round2(p.apiserver)})).collect::<Vec<_>>(),
         "p99_create_to_bound_ms": round(steady_p99),
         "p99_create_to_bound_ms_runs": steady.iter().map(|r| round(r.p99_ms)).collect::<Vec<_>>(),
         "ours_rss_mib": round2(*ours_rss),
@@ -163,6 +162,89 @@ pub fn print(results: &Results) {
         "binding_ceiling_pods_per_sec": round(ceiling.pods_per_sec),
     });
     println!("{report}");
+}
+
+/// Ours against kube-scheduler in one pair of backlog drains.
+struct Pair {
+    /// Bound pods per second, ours over kube-scheduler's.
+    pods_per_sec: f64,
+    /// Apiserver CPU per bound pod, ours over kube-scheduler's.
+    apiserver: f64,
+}
+
+impl Pair {
+    /// The pairs both schedulers drained.
+    fn all(kube: &[Run], ours: &[Run]) -> Vec<Pair> {
+        kube.iter()
+            .zip(ours)
+            .map(|(kube, ours)| Pair {
+                pods_per_sec: ours.pods_per_sec / kube.pods_per_sec,
+                apiserver: apiserver_ms_per_pod(ours) / apiserver_ms_per_pod(kube),
+            })
+            .collect()
+    }
+}
+
+/// Part 1's table: each pair of drains, the medians, and the ratios pair by pair.
+fn print_backlog(pods: usize, kube: &[Run], ours: &[Run]) {
+    println!(
+        "Backlog drain: {pods} whole-card pods created while no scheduler ran, then the scheduler started; timed from its start until every pod was bound. The drains run in pairs, which scheduler goes first alternating; the figures are the medians.\n"
+    );
+    println!(
+        "| pair | scheduler | bound pods/s | scheduler CPU s | kube-apiserver CPU s | apiserver CPU ms per bound pod |"
+    );
+    println!("| --- | --- | --- | --- | --- | --- |");
+    let sides = [
+        ("kube-scheduler", kube, "kube-scheduler"),
+        ("ours", ours, "runtimekit-operator"),
+    ];
+    for (pair, i) in (1..).zip(0..kube.len().max(ours.len())) {
+        for (name, runs, process) in sides {
+            if let Some(run) = runs.get(i) {
+                println!(
+                    "| {pair} | {name} | {:.0} | {:.1} | {:.1} | {:.2} |",
+                    run.pods_per_sec,
+                    cpu_of(&run.cpu, process),
+                    cpu_of(&run.cpu, "kube-apiserver"),
+                    apiserver_ms_per_pod(run)
+                );
+            }
+        }
+    }
+    for (name, runs, process) in sides {
+        println!(
+            "| median | {name} | {:.0} | {:.1} | {:.1} | {:.2} |",
+            median(runs.iter().map(|r| r.pods_per_sec)),
+            median(runs.iter().map(|r| cpu_of(&r.cpu, process))),
+            median(runs.iter().map(|r| cpu_of(&r.cpu, "kube-apiserver"))),
+            median(runs.iter().map(apiserver_ms_per_pod))
+        );
+    }
+    let pairs = Pair::all(kube, ours);
+    let listed = |of: fn(&Pair) -> f64| {
+        let each: Vec<String> = pairs.iter().map(|p| format!("{:.2}x", of(p))).collect();
+        format!(
+            "{:.2}x (pairs: {})",
+            median(pairs.iter().map(of)),
+            each.join(", ")
+        )
+    };
+    println!(
+        "\nOurs against kube-scheduler, median of the pairs: bound pods/s {}; apiserver CPU per bound pod {}.",
+        listed(|p| p.pods_per_sec),
+        listed(|p| p.apiserver)
+    );
+}
+
+/// The median of `values`; NaN when there are none.
+fn median(values: impl Iterator<Item = f64>) -> f64 {
+    let mut values: Vec<f64> = values.collect();
+    values.sort_by(f64::total_cmp);
+    match values.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => values[n / 2],
+        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
 }
 
 /// Part 4's table: ours and the peer on the same pods.
@@ -235,11 +317,7 @@ fn print_scale(s: &Scale) {
     println!("| --- | --- | --- | --- | --- | --- | --- |");
     for (size, times) in &s.gangs {
         let done: Vec<GangTime> = times.iter().flatten().copied().collect();
-        let median = |of: &dyn Fn(&GangTime) -> f64| {
-            let mut values: Vec<f64> = done.iter().map(of).collect();
-            values.sort_by(f64::total_cmp);
-            values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
-        };
+        let median = |of: &dyn Fn(&GangTime) -> f64| median(done.iter().map(of));
         let slowest = done.iter().map(|t| t.bound).fold(f64::NAN, f64::max);
         println!(
             "| {size} | {} | {} | {:.1} | {slowest:.1} | {:.1} | {:.1} |",

@@ -60,6 +60,30 @@ impl Operator {
 /// A backlog's pods: the namespace, what each pod is, and how many.
 pub type Pending<'a> = (&'a str, &'a Workload, usize);
 
+/// A backlog drain of `pending` for kube-scheduler, stopped through the cluster while the pods
+/// are created, then started again with the same flags.
+pub async fn kube_backlog(
+    cluster: &mut Cluster,
+    client: &Client,
+    processes: &mut Processes,
+    operator: &Child,
+    pending: Pending<'_>,
+) -> Result<Run> {
+    let stopped = cluster.stop_component("kube-scheduler")?;
+    drain_backlog(
+        cluster,
+        client,
+        processes,
+        pending,
+        "kube-scheduler",
+        |cluster, _| {
+            cluster.start_again(stopped)?;
+            Processes::of(cluster, operator)
+        },
+    )
+    .await
+}
+
 /// A backlog drain: the `pending` pods, created while the scheduler (the process `process`) is
 /// stopped; then `start` starts it and says which processes to read from then on, and the
 /// drain is timed until every pod is bound.

@@ -75,8 +75,7 @@ pub async fn run(
 ) -> Result<Scale> {
     let nodes = base_nodes + extra.nodes;
     eprintln!("scale: adding {} nodes, {nodes} in all", extra.nodes);
-    extra.create(client).await?;
-    let heartbeats = tokio::spawn(extra.clone().heartbeats(client.clone()));
+    let heartbeats = extra.create(client).await?;
     let cpu_before = processes.cpu();
     // The mixed stream stops short of 90 % by the gangs' cards, which bring the fleet to it.
     let gang_cards: usize = gangs.iter().map(|(count, size)| count * size).sum();
