@@ -158,9 +158,8 @@ pub struct PodRef {
 /// Where a slice is in its life.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum SlicePhase {
-    /// Capacity is held for a gang member that is not bound yet. The scheduler leaves such a
-    /// slice without a phase, which means the same; this value is read, as earlier versions
-    /// wrote it.
+    /// Capacity held for a gang member before its Binding, as earlier versions of the
+    /// scheduler wrote it. Read like no phase (a slice just written): the node agent enacts it.
     Reserved,
     /// The pod is bound; the node agent has not acted yet.
     Bound,

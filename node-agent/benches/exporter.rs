@@ -105,7 +105,6 @@ fn main() {
                 container: "app".into(),
                 phase: None,
                 deleting: false,
-                gang: false,
                 created: None,
             });
         }

@@ -145,7 +145,6 @@ pub(crate) fn slice(name: &str, card: u32, mode: SliceMode, phase: SlicePhase) -
         container: "app".into(),
         phase: Some(phase),
         deleting: false,
-        gang: false,
         created: Some(at(100)),
     }
 }

@@ -134,9 +134,6 @@ pub struct SliceInfo {
     pub phase: Option<SlicePhase>,
     /// The slice is being deleted.
     pub deleting: bool,
-    /// The slice is a gang member's: written before the gang's Bindings, enacted only once the
-    /// operator marks it Bound.
-    pub gang: bool,
     /// When the slice was created.
     pub created: Option<Time>,
 }
@@ -162,7 +159,6 @@ impl SliceInfo {
             container: slice.spec.pod.container.clone(),
             phase: slice.status.as_ref().and_then(|s| s.phase),
             deleting: slice.metadata.deletion_timestamp.is_some(),
-            gang: slice.spec.gang.is_some(),
             created: slice.metadata.creation_timestamp.clone(),
         })
     }
@@ -175,14 +171,6 @@ impl SliceInfo {
     /// Whether the slice partitions its card (TDM or MIG) rather than taking it whole.
     pub fn partitions(&self) -> bool {
         self.mode != SliceMode::Whole
-    }
-
-    /// Whether the slice's pod is placed on this node, so the slice may be enacted. The scheduler
-    /// writes a pod's slices and its Binding at once, so a slice on this node is its pod's
-    /// placement; a gang member's slices are written before any member is bound, and wait
-    /// until the operator marks them Bound (the agent never reads pods).
-    pub fn placed(&self) -> bool {
-        !self.gang || !matches!(self.phase, None | Some(SlicePhase::Reserved))
     }
 
     /// Whether the agent has acted on the slice (its instance exists or is being made or

@@ -325,7 +325,7 @@ mod tests {
         let mut state = four_cards();
         state.slices = vec![
             slice("tdm", 0, SliceMode::Tdm, SlicePhase::Ready),
-            // Reserved for a gang member: not enacted, the card stays free.
+            // Marked Reserved by an earlier operator and not enacted yet: the card is free.
             slice("gang", 1, SliceMode::Tdm, SlicePhase::Reserved),
         ];
         let mut faults = FaultState::default();

@@ -198,7 +198,6 @@ fn slice(name: &str, card: u32, uuid: &str, mode: SliceMode, pod_uid: &str) -> S
         container: "app".into(),
         phase: Some(SlicePhase::Ready),
         deleting: false,
-        gang: false,
         created: None,
     }
 }

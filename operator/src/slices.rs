@@ -26,7 +26,6 @@ pub async fn run(shared: Arc<Shared>, client: Client, reports: Reports) {
             let failed = writes::slices::carry_out(&client, &work).await;
             let mut state = shared.lock();
             state.release_again(failed.release);
-            state.mark_bound_again(failed.mark_bound);
         }
         for ((_, slice), failure) in &work.failed {
             reports.slice_failed(slice, failure).await;

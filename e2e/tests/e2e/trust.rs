@@ -1,6 +1,7 @@
 //! Trust boundaries, tried as an attacker would: a user with the standard `edit` ClusterRole
 //! tries to forge, change and remove the allocation annotation a restarted operator accounts
-//! cards from, and to bind a pod with one; the operator tries to delete a pod outside any gang.
+//! cards from, and to bind a pod with one; the operator tries to delete a pod outside any gang,
+//! and may not write a slice's status.
 //! The admission policies are the files users apply (`config/operator/admission-policy.yaml`).
 
 use crate::operator::{OPERATOR_USER, bound, gpu_node, gpu_pod, h800_node, with_operator};
@@ -13,6 +14,7 @@ use std::time::Duration;
 pub const TESTS: &[Test] = tests![
     forged_allocations_are_refused,
     the_operator_deletes_only_gang_members,
+    a_slices_status_is_its_node_agents_not_the_operators,
 ];
 
 const MALLORY: &str = "mallory";
@@ -252,6 +254,38 @@ async fn the_operator_deletes_only_gang_members(ctx: TestContext) -> Result<()> 
             "{error}"
         );
         ctx.kubectl_ok(&["get", "pod", "bystander"], None)?;
+        Ok(())
+    })
+    .await
+}
+
+/// The operator creates and deletes slices but writes no slice status: that is the node agent's
+/// (phases, the instance it made), so the operator's role does not reach it.
+async fn a_slices_status_is_its_node_agents_not_the_operators(ctx: TestContext) -> Result<()> {
+    with_operator(ctx, |ctx| async move {
+        let may_patch_status = |resource: &str| -> Result<bool> {
+            let args = [
+                "auth",
+                "can-i",
+                "patch",
+                resource,
+                "--subresource=status",
+                "--as",
+                OPERATOR_USER,
+            ];
+            Ok(ctx.kubectl(&args, None)?.status.success())
+        };
+        // Its own objects' status it writes (which also shows its role counts by now).
+        ctx.wait_for(
+            "the operator to be allowed to write a GangGroup's status",
+            Duration::from_secs(20),
+            || async { Ok(may_patch_status("ganggroups.runtimekit.aliyun.com")?.then_some(())) },
+        )
+        .await?;
+        ensure!(
+            !may_patch_status("gpuslices.runtimekit.aliyun.com")?,
+            "the operator may write a slice's status"
+        );
         Ok(())
     })
     .await

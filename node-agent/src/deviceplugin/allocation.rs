@@ -55,11 +55,10 @@ pub fn candidates(kind: Kind, state: &NodeState) -> Vec<Candidate> {
     type Group = (Option<String>, u32, Vec<(u32, String)>);
     let mut grouped: BTreeMap<Claim, Group> = BTreeMap::new();
     for slice in &state.slices {
-        let live = slice.placed()
-            && !matches!(
-                slice.phase,
-                Some(SlicePhase::Failed | SlicePhase::Releasing)
-            );
+        let live = !matches!(
+            slice.phase,
+            Some(SlicePhase::Failed | SlicePhase::Releasing)
+        );
         let Some(amount) = wants(kind, slice).filter(|_| live && !slice.deleting) else {
             continue;
         };
@@ -317,25 +316,6 @@ mod tests {
         }
     }
 
-    #[test]
-    fn gang_members_are_candidates_once_marked_bound() {
-        let mut state = four_cards();
-        let mut member = slice("m", 1, SliceMode::Whole, SlicePhase::Reserved);
-        member.gang = true;
-        state.slices = vec![member];
-        let whole = Kind::Whole { nvidia_only: false };
-        assert!(
-            candidates(whole, &state).is_empty(),
-            "bindings not written yet"
-        );
-        state.slices[0].phase = Some(SlicePhase::Bound);
-        let ready: Vec<Vec<String>> = candidates(whole, &state)
-            .into_iter()
-            .map(|c| c.cards)
-            .collect();
-        assert_eq!(ready, [vec!["GPU-1".to_owned()]]);
-    }
-
     fn ids(resource: &Advertised, state: &NodeState) -> Vec<String> {
         devices(resource, state)
             .into_iter()
@@ -349,8 +329,11 @@ mod tests {
         let mut state = four_cards();
         let mut a = slice("a", 2, SliceMode::Whole, SlicePhase::Ready);
         a.created = Some(at(5));
+        // Pod b's slices are its placement from the start, a gang member's too: one just
+        // written (no phase) and one an earlier operator marked Reserved.
         let mut b1 = slice("b1", 0, SliceMode::Whole, SlicePhase::Bound);
-        let mut b2 = slice("b2", 1, SliceMode::Whole, SlicePhase::Bound);
+        let mut b2 = slice("b2", 1, SliceMode::Whole, SlicePhase::Reserved);
+        b1.phase = None;
         for s in [&mut b1, &mut b2] {
             s.pod_uid = "uid-b".into();
         }

@@ -1,8 +1,8 @@
 //! What to do with each GpuSlice of the node, decided without I/O from the slice and what the
 //! resource layer reports; and which instances no slice claims any more.
 //!
-//! A slice is enacted once it is placed (see [`SliceInfo::placed`]; a gang member's waits for
-//! the operator to mark it Bound): Bound, then Creating while the instance is made (or found,
+//! A slice on this node is its pod's placement (the scheduler writes a pod's slices with its
+//! Binding, a gang member's too), and is enacted as soon as it is seen: Bound, then Creating while the instance is made (or found,
 //! after a restart), then Ready. Before any hardware is touched the status shows Bound, so the
 //! operator can tell a slice the agent never acted on. A deleted slice is Releasing until its
 //! instance is destroyed; then the finalizer goes.
@@ -62,9 +62,6 @@ pub fn decide(slice: &SliceInfo, has_finalizer: bool, state: &NodeState) -> Deci
         } else {
             Decision::Leave
         };
-    }
-    if !slice.placed() {
-        return Decision::Leave;
     }
     let bind_first = matches!(slice.phase, None | Some(SlicePhase::Reserved));
     match slice.phase {
@@ -339,17 +336,13 @@ mod tests {
     }
 
     #[test]
-    fn a_gang_members_slice_waits_until_the_operator_marks_it_bound() {
+    fn a_slice_is_its_pods_placement_from_the_start() {
+        // The scheduler writes a pod's slices with its Binding, a gang member's too: a slice
+        // just written is enacted, and shows Bound first.
         let state = four_cards();
-        let mut s = mig_slice("gang", 0, None);
-        s.gang = true;
-        assert_eq!(decide(&s, true, &state), Decision::Leave, "just written");
-        s.phase = Some(SlicePhase::Reserved);
-        assert_eq!(decide(&s, true, &state), Decision::Leave, "reserved");
-        s.phase = Some(SlicePhase::Bound);
-        match decide(&s, true, &state) {
+        match decide(&mig_slice("m", 0, None), true, &state) {
             Decision::Create { bind_first, spec } => {
-                assert!(!bind_first, "the operator showed Bound already");
+                assert!(bind_first);
                 assert_eq!(spec.device_index, 3);
                 assert_eq!(spec.device_uuid, "GPU-3");
                 assert_eq!(
@@ -362,12 +355,21 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        // Any other slice is its pod's placement from the start, and shows Bound first.
-        let single = mig_slice("single", 0, None);
+        // A slice an earlier operator marked Reserved is enacted the same way; one the
+        // operator showed Bound already is not shown Bound again.
+        let reserved = mig_slice("r", 0, Some(SlicePhase::Reserved));
         assert!(matches!(
-            decide(&single, true, &state),
+            decide(&reserved, true, &state),
             Decision::Create {
                 bind_first: true,
+                ..
+            }
+        ));
+        let bound = mig_slice("b", 0, Some(SlicePhase::Bound));
+        assert!(matches!(
+            decide(&bound, true, &state),
+            Decision::Create {
+                bind_first: false,
                 ..
             }
         ));

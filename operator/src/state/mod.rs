@@ -102,9 +102,6 @@ pub struct Work {
     pub release: BTreeSet<(String, String)>,
     /// Slices whose finalizer the operator removes itself, and why (namespace, name).
     pub unfinalize: BTreeMap<(String, String), Unfinalize>,
-    /// Gang members' slices whose pod is bound now: marked Bound, their node agent enacts them
-    /// (namespace, name).
-    pub mark_bound: BTreeSet<(String, String)>,
     /// Slices whose node agent just reported them Failed, to tell their pods (namespace, name).
     pub failed: BTreeMap<(String, String), SliceFailure>,
 }
@@ -187,9 +184,6 @@ pub struct State {
     /// Slices whose delete was handed out as work and that the watch does not show deleting
     /// yet: every event of their pod until then would otherwise delete them again.
     releasing: BTreeSet<(String, String)>,
-    /// Gang slices whose Bound mark was handed out as work and that the watch does not show past
-    /// Reserved yet, for the same reason.
-    marking: BTreeSet<(String, String)>,
     /// Bound pods whose allocation may name GpuSlices that do not exist, by UID.
     restore: HashMap<String, Restore>,
     /// Whether capacity may have been freed or added since the scheduler last looked.
@@ -214,7 +208,6 @@ impl State {
             in_flight: HashMap::new(),
             created_unseen: HashMap::new(),
             releasing: BTreeSet::new(),
-            marking: BTreeSet::new(),
             restore: HashMap::new(),
             capacity_freed: false,
             gang_pods: BTreeMap::new(),
@@ -238,7 +231,6 @@ impl State {
     /// Takes the controller work found so far.
     pub fn take_work(&mut self) -> Work {
         hand_out(&mut self.work.release, &mut self.releasing);
-        hand_out(&mut self.work.mark_bound, &mut self.marking);
         std::mem::take(&mut self.work)
     }
 

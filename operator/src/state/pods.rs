@@ -122,25 +122,6 @@ impl State {
         if recorded.is_some() && recorded != old.and_then(|p| p.recorded) {
             self.settle_recorded(&uid);
         }
-        self.mark_bound_slices(&uid);
-    }
-
-    /// Marks for the Bound write the gang slices of `uid` that wait for it: the pod is bound to
-    /// their node and alive, and no phase past Reserved shows yet.
-    pub(super) fn mark_bound_slices(&mut self, uid: &str) {
-        let Some(pod) = self.pods.get(uid).filter(|p| !p.life.ended()) else {
-            return;
-        };
-        let Some(node) = pod.node.as_deref() else {
-            return;
-        };
-        for key in self.slices_by_pod.get(uid).into_iter().flatten() {
-            if self.slices.get(key).is_some_and(|s| {
-                s.gang && s.untouched && !s.deleting && s.node.as_deref() == Some(node)
-            }) {
-                self.work.mark_bound.insert(key.clone());
-            }
-        }
     }
 
     /// Reads a bound pod's allocation annotation; one that cannot be read is logged and ignored

@@ -127,10 +127,6 @@ pub struct SliceRecord {
     pub nics: Vec<String>,
     /// Whether its node agent reports it Failed.
     pub failed: bool,
-    /// Whether it is a gang member's.
-    pub gang: bool,
-    /// Whether its status shows that no agent acted on it yet (no phase, or Reserved).
-    pub untouched: bool,
     /// Its mode, phase and MIG profile, for the ledger metrics.
     pub mode: runtimekit_crds::SliceMode,
     pub phase: Option<runtimekit_crds::SlicePhase>,

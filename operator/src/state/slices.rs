@@ -65,11 +65,6 @@ impl State {
             input: None,
             nics: slice.spec.nics.clone(),
             failed: false,
-            gang: slice.spec.gang.is_some(),
-            untouched: slice
-                .status
-                .as_ref()
-                .is_none_or(|s| matches!(s.phase, None | Some(SlicePhase::Reserved))),
             mode: slice.spec.mode,
             phase: slice.status.as_ref().and_then(|s| s.phase),
             profile: slice.spec.mig_profile.clone(),
@@ -141,22 +136,17 @@ impl State {
         if record.deleting {
             self.releasing.remove(&key);
         }
-        if !record.untouched {
-            self.marking.remove(&key);
-        }
         let pod_uid = record.pod_uid.clone();
         self.slices.insert(key, record);
         if recorded.is_some() {
             self.settle_recorded(&pod_uid);
         }
-        self.mark_bound_slices(&pod_uid);
     }
 
     /// Forgets a GpuSlice that is gone; only now does its capacity return.
     pub fn delete_slice(&mut self, namespace: &str, name: &str, now: Instant) {
         let key = (namespace.to_owned(), name.to_owned());
         self.releasing.remove(&key);
-        self.marking.remove(&key);
         let Some(record) = self.slices.remove(&key) else {
             return;
         };
@@ -186,14 +176,6 @@ impl State {
             self.releasing.remove(key);
         }
         self.work.release.extend(keys);
-    }
-
-    /// Gang slices whose Bound mark failed: tried again with the next work.
-    pub fn mark_bound_again(&mut self, keys: Vec<(String, String)>) {
-        for key in &keys {
-            self.marking.remove(key);
-        }
-        self.work.mark_bound.extend(keys);
     }
 
     /// Keys of every known slice.

@@ -1,7 +1,7 @@
-//! Writes to GpuSlices besides their creation: releasing them, removing the node agent's
-//! finalizer where no agent will, and marking a gang member's slice Reserved and then Bound.
+//! Writes to GpuSlices besides their creation: releasing them, and removing the node agent's
+//! finalizer where no agent will.
 
-use super::{apply_body, is_not_found, log_failure};
+use super::{is_not_found, log_failure};
 use crate::state::{Unfinalize, Work};
 use futures::future::join_all;
 use kube::Client;
@@ -14,12 +14,10 @@ use std::collections::BTreeSet;
 pub struct Failed {
     /// Slices whose delete failed.
     pub release: Vec<(String, String)>,
-    /// Gang slices whose Bound mark failed.
-    pub mark_bound: Vec<(String, String)>,
 }
 
-/// Deletes the slices `work` releases, removes the finalizers it names and marks Bound the gang
-/// slices it names, all at once. Returns what failed, to try again.
+/// Deletes the slices `work` releases and removes the finalizers it names, all at once. Returns
+/// what failed, to try again.
 pub async fn carry_out(client: &Client, work: &Work) -> Failed {
     let released = join_all(work.release.iter().map(|(namespace, name)| async move {
         let api: Api<GpuSlice> = Api::namespaced(client.clone(), namespace);
@@ -42,17 +40,8 @@ pub async fn carry_out(client: &Client, work: &Work) -> Failed {
             }),
     )
     .await;
-    let marked = join_all(work.mark_bound.iter().map(|(namespace, name)| async move {
-        let api: Api<GpuSlice> = Api::namespaced(client.clone(), namespace);
-        let result = mark_bound(&api, name).await;
-        let failed = result.is_err();
-        log_failure("a gang slice's Bound mark", name, result);
-        failed
-    }))
-    .await;
     Failed {
         release: failures(&work.release, released),
-        mark_bound: failures(&work.mark_bound, marked),
     }
 }
 
@@ -108,27 +97,4 @@ async fn remove_finalizer(
     api.patch(name, &PatchParams::default(), &Patch::Json::<()>(patch))
         .await
         .map(|_| ())
-}
-
-/// Marks a gang member's slice Bound once its pod is: the node agent enacts it now. Written as
-/// the gang controller's field manager without force, so it never overwrites a phase the agent
-/// has written since.
-async fn mark_bound(api: &Api<GpuSlice>, name: &str) -> Result<(), kube::Error> {
-    let body = apply_body::<GpuSlice>(serde_json::json!({"status": {
-        "phase": SlicePhase::Bound,
-        "message": "the pod is bound to this node; waiting for the node agent",
-    }}));
-    match api
-        .patch_status(
-            name,
-            &PatchParams::apply(super::GANGS),
-            &Patch::Apply(&body),
-        )
-        .await
-    {
-        Ok(_) => Ok(()),
-        // Gone, or the agent owns the phase already: nothing left to mark.
-        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(()),
-        Err(e) => Err(e),
-    }
 }
