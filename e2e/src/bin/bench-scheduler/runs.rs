@@ -4,6 +4,7 @@
 use crate::measure::{
     Processes, Profile, Run, apiserver_requests, cleanup, cpu_of, cpu_since, create_pods,
     finish_profile, measure, profile_apiserver, requests_since, wait_all_bound, watch_bound,
+    watch_running,
 };
 use crate::workload::Workload;
 use crate::{CONCURRENCY, STEADY_RATE};
@@ -121,6 +122,8 @@ struct Backlog {
     created: HashMap<String, Instant>,
     bound: Arc<Mutex<HashMap<String, Instant>>>,
     watch: tokio::task::JoinHandle<()>,
+    running: Arc<Mutex<HashMap<String, Instant>>>,
+    running_watch: tokio::task::JoinHandle<()>,
 }
 
 impl Backlog {
@@ -137,7 +140,8 @@ impl Backlog {
         namespace(client, ns).await?;
         let created = create_pods(client, ns, workload, count).await?;
         let (bound, watch) = watch_bound(client, ns);
-        // The watch's first list, before the scheduler starts.
+        let (running, running_watch) = watch_running(client, ns);
+        // The watches' first lists, before the scheduler starts.
         tokio::time::sleep(Duration::from_secs(1)).await;
         Ok(Backlog {
             requests: apiserver_requests(cluster)?,
@@ -146,6 +150,8 @@ impl Backlog {
             created,
             bound,
             watch,
+            running,
+            running_watch,
         })
     }
 
@@ -164,13 +170,17 @@ impl Backlog {
         let cpu = cpu_since(before, &processes.cpu());
         finish_profile(&self.ns, profile)?;
         self.watch.abort();
-        let (events, settled) = scheduled_events_settle(client, &self.ns).await?;
+        wait_all_bound(&self.running, self.count, Duration::from_secs(600)).await?;
+        self.running_watch.abort();
+        let (events, _) = scheduled_events_settle(client, &self.ns).await?;
         let trailing = cpu_since(before, &processes.cpu());
+        let settled = started.elapsed();
+        let settled_cpu = cpu_of(&trailing, "kube-apiserver");
         eprintln!(
-            "{}: {events} Scheduled events; apiserver CPU {:.1} s at the last bind, {:.1} s once they settled ({settled:?} later)",
+            "{}: {events} Scheduled events, every pod Running; apiserver CPU {:.1} s at the last bind, {settled_cpu:.1} s once settled {:.1} s after the start",
             self.ns,
             cpu_of(&cpu, "kube-apiserver"),
-            cpu_of(&trailing, "kube-apiserver")
+            settled.as_secs_f64(),
         );
         let requests = apiserver_requests(cluster)?;
         // The writes behind each bound pod (and the background's, when as many).
@@ -191,12 +201,14 @@ impl Backlog {
             .collect();
         let mut run = measure(self.count, started, end, &waiting, &bound);
         run.cpu = cpu;
+        run.apiserver_settled_ms = settled_cpu * 1000.0 / self.count as f64;
         eprintln!(
-            "{}: {:.0} pods/s, p99 {:.0} ms from the start, apiserver CPU {:.2} ms per pod",
+            "{}: {:.0} pods/s, p99 {:.0} ms from the start, apiserver CPU {:.2} ms per pod at the last bind, {:.2} until settled",
             self.ns,
             run.pods_per_sec,
             run.p99_ms,
-            cpu_of(&run.cpu, "kube-apiserver") * 1000.0 / self.count as f64
+            cpu_of(&run.cpu, "kube-apiserver") * 1000.0 / self.count as f64,
+            run.apiserver_settled_ms
         );
         cleanup(client, &self.ns).await?;
         Ok(run)
