@@ -122,8 +122,6 @@ struct Backlog {
     created: HashMap<String, Instant>,
     bound: Arc<Mutex<HashMap<String, Instant>>>,
     watch: tokio::task::JoinHandle<()>,
-    running: Arc<Mutex<HashMap<String, Instant>>>,
-    running_watch: tokio::task::JoinHandle<()>,
 }
 
 impl Backlog {
@@ -140,8 +138,7 @@ impl Backlog {
         namespace(client, ns).await?;
         let created = create_pods(client, ns, workload, count).await?;
         let (bound, watch) = watch_bound(client, ns);
-        let (running, running_watch) = watch_running(client, ns);
-        // The watches' first lists, before the scheduler starts.
+        // The watch's first list, before the scheduler starts.
         tokio::time::sleep(Duration::from_secs(1)).await;
         Ok(Backlog {
             requests: apiserver_requests(cluster)?,
@@ -150,8 +147,6 @@ impl Backlog {
             created,
             bound,
             watch,
-            running,
-            running_watch,
         })
     }
 
@@ -170,8 +165,11 @@ impl Backlog {
         let cpu = cpu_since(before, &processes.cpu());
         finish_profile(&self.ns, profile)?;
         self.watch.abort();
-        wait_all_bound(&self.running, self.count, Duration::from_secs(600)).await?;
-        self.running_watch.abort();
+        // Watched from now, not during the drain, where it would load the apiserver: its first
+        // list counts the pods already Running.
+        let (running, running_watch) = watch_running(client, &self.ns);
+        wait_all_bound(&running, self.count, Duration::from_secs(600)).await?;
+        running_watch.abort();
         let (events, _) = scheduled_events_settle(client, &self.ns).await?;
         let trailing = cpu_since(before, &processes.cpu());
         let settled = started.elapsed();
