@@ -443,10 +443,10 @@ impl Controller {
         error
     }
 
-    /// Writes every member's slices (no phase yet: reserved) and Bindings at once, as for a
-    /// single pod. Members whose Binding failed stay pending and give back what they held; the
-    /// others stay bound, and a slice of theirs that failed is re-created from the allocation
-    /// their Binding recorded. Returns why some member was not bound, if one was not.
+    /// Writes every member's slices and Bindings at once, as for a single pod. Members whose
+    /// Binding failed stay pending and give back what they held; the others stay bound, and a
+    /// slice of theirs that failed is re-created from the allocation their Binding recorded.
+    /// Returns why some member was not bound, if one was not.
     async fn bind(&self, namespace: &str, name: &str, binding: GangBinding) -> Option<String> {
         let slices: Api<GpuSlice> = Api::namespaced(self.client.clone(), namespace);
         let mut all_slices = Vec::new();
@@ -454,9 +454,8 @@ impl Controller {
             let (pod_slices, _) = slices_and_allocation(pod, decision);
             all_slices.extend(pod_slices);
         }
-        // A slice without a phase is reserved: nobody acts on it until it is marked Bound (once
-        // its pod is, whichever of the two lands first), so a Reserved mark would be one more
-        // write per member that changes nothing.
+        // The slices carry no phase: the node agent enacts them as it does a single pod's, and a
+        // member whose Binding fails gives them back (deleted, and released if enacted).
         let annotation = binding.annotation.as_str();
         let (created, results) = tokio::join!(
             join_all(

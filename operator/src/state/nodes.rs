@@ -65,7 +65,8 @@ impl State {
         }
         // A slice seen before its node (a starting operator's watches race) was taken for one
         // whose node is gone: its agent finalizes it after all, once it has destroyed what it
-        // enacted. Slices of pods never bound stay the operator's to finalize while untouched.
+        // enacted. Slices of pods never bound stay the operator's to finalize while no agent has
+        // acted on them.
         let here: Vec<((String, String), bool)> = self
             .work
             .unfinalize

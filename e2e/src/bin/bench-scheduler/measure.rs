@@ -232,22 +232,24 @@ pub fn finish_profile(ns: &str, profile: Option<Profile>) -> Result<()> {
     Ok(())
 }
 
-pub async fn wait_all_bound(
-    bound: &Arc<Mutex<HashMap<String, Instant>>>,
+/// Waits until a watch of [`watch_pods`] has seen `count` pods (bound, or Running); returns
+/// when it saw the last.
+pub async fn wait_all_seen(
+    seen: &Arc<Mutex<HashMap<String, Instant>>>,
     count: usize,
     timeout: Duration,
 ) -> Result<Instant> {
     let deadline = Instant::now() + timeout;
     loop {
-        let (n, last) = bound
+        let (n, last) = seen
             .lock()
             .map(|b| (b.len(), b.values().max().copied()))
             .unwrap_or((0, None));
         if n >= count {
-            return last.context("no pod bound");
+            return last.context("no pod seen");
         }
         if Instant::now() > deadline {
-            bail!("only {n} of {count} pods were bound in {timeout:?}");
+            bail!("only {n} of {count} pods were seen in {timeout:?}");
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

@@ -3,7 +3,7 @@
 
 use crate::measure::{
     Processes, Profile, Run, apiserver_requests, cleanup, cpu_of, cpu_since, create_pods,
-    finish_profile, measure, profile_apiserver, requests_since, wait_all_bound, watch_bound,
+    finish_profile, measure, profile_apiserver, requests_since, wait_all_seen, watch_bound,
     watch_running,
 };
 use crate::workload::Workload;
@@ -161,14 +161,14 @@ impl Backlog {
         processes: &Processes,
         profile: Option<Profile>,
     ) -> Result<Run> {
-        let end = wait_all_bound(&self.bound, self.count, Duration::from_secs(900)).await?;
+        let end = wait_all_seen(&self.bound, self.count, Duration::from_secs(900)).await?;
         let cpu = cpu_since(before, &processes.cpu());
         finish_profile(&self.ns, profile)?;
         self.watch.abort();
         // Watched from now, not during the drain, where it would load the apiserver: its first
         // list counts the pods already Running.
         let (running, running_watch) = watch_running(client, &self.ns);
-        wait_all_bound(&running, self.count, Duration::from_secs(600)).await?;
+        wait_all_seen(&running, self.count, Duration::from_secs(600)).await?;
         running_watch.abort();
         let (events, _) = scheduled_events_settle(client, &self.ns).await?;
         let trailing = cpu_since(before, &processes.cpu());
@@ -250,7 +250,7 @@ pub async fn burst(
     let start = Instant::now();
     let created = create_pods(client, ns, workload, count).await?;
     let created_in = start.elapsed();
-    let end = wait_all_bound(&bound, count, Duration::from_secs(600)).await?;
+    let end = wait_all_seen(&bound, count, Duration::from_secs(600)).await?;
     watch.abort();
     let bound = bound.lock().map(|b| b.clone()).unwrap_or_default();
     let mut run = measure(count, start, end, &created, &bound);
@@ -306,7 +306,7 @@ pub async fn steady(
     for task in tasks {
         task.await??;
     }
-    let end = wait_all_bound(&bound, count, Duration::from_secs(600)).await?;
+    let end = wait_all_seen(&bound, count, Duration::from_secs(600)).await?;
     watch.abort();
     let created = created.lock().map(|c| c.clone()).unwrap_or_default();
     let bound = bound.lock().map(|b| b.clone()).unwrap_or_default();
