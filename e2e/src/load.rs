@@ -17,6 +17,7 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use crate::cluster::{Cluster, node_ready};
+use crate::tools::wait_for_every;
 
 /// How many node writes run at once while a fleet is created.
 const CONCURRENCY: usize = 64;
@@ -99,31 +100,23 @@ impl Fleet {
     async fn wait_ready(&self, client: &Client) -> Result<()> {
         let nodes: Api<Node> = Api::all(client.clone());
         let prefix = format!("{}-", self.prefix);
-        let started = Instant::now();
-        let mut told = started;
-        loop {
-            // Served from the apiserver's cache: thousands of nodes, every two seconds.
+        let what = format!("kwok to make the {} {prefix}* nodes Ready", self.nodes);
+        let told = std::cell::Cell::new(Instant::now());
+        // Every two seconds, from the apiserver's cache: thousands of nodes.
+        wait_for_every(&what, READY_WITHIN, Duration::from_secs(2), || async {
             let listed = nodes.list(&ListParams::default().match_any()).await?;
             let ready = listed
                 .items
                 .iter()
                 .filter(|n| n.name_any().starts_with(&prefix) && node_ready(n))
                 .count();
-            if ready >= self.nodes {
-                return Ok(());
-            }
-            if started.elapsed() > READY_WITHIN {
-                bail!(
-                    "kwok made {ready} of the {} {prefix}* nodes Ready in {READY_WITHIN:?}",
-                    self.nodes
-                );
-            }
-            if told.elapsed() >= Duration::from_secs(10) {
+            if told.get().elapsed() >= Duration::from_secs(10) {
                 eprintln!("{ready} of {} {prefix}* nodes Ready", self.nodes);
-                told = Instant::now();
+                told.set(Instant::now());
             }
-            tokio::time::sleep(Duration::from_secs(2)).await;
-        }
+            Ok((ready >= self.nodes).then_some(()))
+        })
+        .await
     }
 
     /// Plays the agents' heartbeat at the fleet's interval, a merge patch of the one field as

@@ -138,9 +138,19 @@ pub fn run(mut command: Command) -> Result<String> {
 
 /// Waits until `check` returns `Some`, polling every 100 ms, for at most `timeout`; an error is
 /// remembered and tried again (the apiserver may be busy), and said if time runs out.
-pub async fn wait_for<T, F, Fut>(
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: std::time::Duration, check: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Option<T>>>,
+{
+    wait_for_every(what, timeout, std::time::Duration::from_millis(100), check).await
+}
+
+/// [`wait_for`], polling every `every`: for checks that read much (thousands of nodes).
+pub async fn wait_for_every<T, F, Fut>(
     what: &str,
     timeout: std::time::Duration,
+    every: std::time::Duration,
     mut check: F,
 ) -> Result<T>
 where
@@ -161,6 +171,6 @@ where
                 .unwrap_or_default();
             bail!("timed out after {timeout:?} waiting for {what}{detail}");
         }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        tokio::time::sleep(every).await;
     }
 }

@@ -2,10 +2,10 @@
 //! resource layer reports; and which instances no slice claims any more.
 //!
 //! A slice on this node is its pod's placement (the scheduler writes a pod's slices with its
-//! Binding, a gang member's too), and is enacted as soon as it is seen: Bound, then Creating while the instance is made (or found,
-//! after a restart), then Ready. Before any hardware is touched the status shows Bound, so the
-//! operator can tell a slice the agent never acted on. A deleted slice is Releasing until its
-//! instance is destroyed; then the finalizer goes.
+//! Binding, a gang member's too), and is enacted as soon as it is seen: Bound, then Creating
+//! while the instance is made (or found, after a restart), then Ready. Before any hardware is
+//! touched the status shows Bound, so the operator can tell a slice the agent never acted on. A
+//! deleted slice is Releasing until its instance is destroyed; then the finalizer goes.
 
 use crate::model::{NodeState, SliceInfo, mig_enabled};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};

@@ -27,13 +27,14 @@ pub struct Run {
     pub created_per_sec: f64,
     /// CPU seconds each process used during the run.
     pub cpu: Vec<(String, f64)>,
-    /// Backlogs only: the apiserver's CPU milliseconds per pod from the scheduler's start until
-    /// the run settled (every pod Running, every `Scheduled` Event written). kwok marks bound
-    /// pods Running at its own pace, about 280 a second, so a fast drain leaves most of that
-    /// work, and its Events, after its last binding: a window that ends there charges a faster
-    /// scheduler less of the work its bindings cause. Both schedulers' windows are about as
-    /// long (kwok paces both), so they carry about the same background.
-    pub apiserver_settled_ms: f64,
+    /// Backlogs only (`None` for other runs): the apiserver's CPU milliseconds per pod from the
+    /// scheduler's start until the run settled (every pod Running, every `Scheduled` Event
+    /// written). kwok marks bound pods Running at its own pace, about 280 a second, so a fast
+    /// drain leaves most of that work, and its Events, after its last binding: a window that
+    /// ends there charges a faster scheduler less of the work its bindings cause. Both
+    /// schedulers' windows are about as long (kwok paces both), so they carry about the same
+    /// background.
+    pub apiserver_settled_ms: Option<f64>,
 }
 
 /// The processes whose CPU time a run reports.

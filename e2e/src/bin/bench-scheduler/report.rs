@@ -31,11 +31,6 @@ fn apiserver_ms_per_pod(run: &Run) -> f64 {
     cpu_of(&run.cpu, "kube-apiserver") * 1000.0 / run.pods.max(1) as f64
 }
 
-/// The apiserver's CPU milliseconds per pod of a backlog until it settled.
-fn settled_ms_per_pod(run: &Run) -> f64 {
-    run.apiserver_settled_ms
-}
-
 /// A process's CPU milliseconds per pod of a run.
 fn ms_per_pod(run: &Run, process: &str) -> f64 {
     cpu_of(&run.cpu, process) * 1000.0 / run.pods.max(1) as f64
@@ -142,8 +137,8 @@ pub fn print(results: &Results) {
         "backlog_ours_pods_per_sec": round(median(backlog_ours.iter().map(|r| r.pods_per_sec))),
         "backlog_kube_scheduler_pods_per_sec": round(median(backlog_kube.iter().map(|r| r.pods_per_sec))),
         "backlog_ratio": round2(median(pairs.iter().map(|p| p.pods_per_sec))),
-        "apiserver_cpu_ms_per_pod_ours": round2(median(backlog_ours.iter().map(settled_ms_per_pod))),
-        "apiserver_cpu_ms_per_pod_kube_scheduler": round2(median(backlog_kube.iter().map(settled_ms_per_pod))),
+        "apiserver_cpu_ms_per_pod_ours": round2(median(backlog_ours.iter().filter_map(|r| r.apiserver_settled_ms))),
+        "apiserver_cpu_ms_per_pod_kube_scheduler": round2(median(backlog_kube.iter().filter_map(|r| r.apiserver_settled_ms))),
         "apiserver_ratio": round2(median(pairs.iter().map(|p| p.apiserver))),
         "apiserver_cpu_ms_per_pod_at_last_bind_ours": round2(median(backlog_ours.iter().map(apiserver_ms_per_pod))),
         "apiserver_cpu_ms_per_pod_at_last_bind_kube_scheduler": round2(median(backlog_kube.iter().map(apiserver_ms_per_pod))),
@@ -172,6 +167,12 @@ pub fn print(results: &Results) {
     println!("{report}");
 }
 
+/// A backlog's apiserver CPU milliseconds per pod until it settled; NaN for a run that is not
+/// a backlog, so a ratio with it reads NaN rather than a number.
+fn settled(run: &Run) -> f64 {
+    run.apiserver_settled_ms.unwrap_or(f64::NAN)
+}
+
 /// Ours against kube-scheduler in one pair of backlog drains.
 struct Pair {
     /// Bound pods per second, ours over kube-scheduler's.
@@ -189,7 +190,7 @@ impl Pair {
             .zip(ours)
             .map(|(kube, ours)| Pair {
                 pods_per_sec: ours.pods_per_sec / kube.pods_per_sec,
-                apiserver: settled_ms_per_pod(ours) / settled_ms_per_pod(kube),
+                apiserver: settled(ours) / settled(kube),
                 apiserver_at_last_bind: apiserver_ms_per_pod(ours) / apiserver_ms_per_pod(kube),
             })
             .collect()
@@ -217,7 +218,7 @@ fn print_backlog(pods: usize, kube: &[Run], ours: &[Run]) {
                     run.pods_per_sec,
                     cpu_of(&run.cpu, process),
                     cpu_of(&run.cpu, "kube-apiserver"),
-                    settled_ms_per_pod(run),
+                    settled(run),
                     apiserver_ms_per_pod(run)
                 );
             }
@@ -229,7 +230,7 @@ fn print_backlog(pods: usize, kube: &[Run], ours: &[Run]) {
             median(runs.iter().map(|r| r.pods_per_sec)),
             median(runs.iter().map(|r| cpu_of(&r.cpu, process))),
             median(runs.iter().map(|r| cpu_of(&r.cpu, "kube-apiserver"))),
-            median(runs.iter().map(settled_ms_per_pod)),
+            median(runs.iter().filter_map(|r| r.apiserver_settled_ms)),
             median(runs.iter().map(apiserver_ms_per_pod))
         );
     }
@@ -297,13 +298,14 @@ fn print_peer(c: &Comparison) {
             "ours"
         };
         println!(
-            "| {name} | {who} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} |",
+            "| {name} | {who} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} | {} |",
             run.pods_per_sec,
             run.p50_ms,
             run.p99_ms,
             ms_per_pod(run, process),
             apiserver_ms_per_pod(run),
-            settled_ms_per_pod(run)
+            run.apiserver_settled_ms
+                .map_or_else(|| "-".to_owned(), |ms| format!("{ms:.2}"))
         );
     }
 }

@@ -199,14 +199,15 @@ impl Backlog {
             .collect();
         let mut run = measure(self.count, started, end, &waiting, &bound);
         run.cpu = cpu;
-        run.apiserver_settled_ms = settled_cpu * 1000.0 / self.count as f64;
+        let settled_ms = settled_cpu * 1000.0 / self.count as f64;
+        run.apiserver_settled_ms = Some(settled_ms);
         eprintln!(
             "{}: {:.0} pods/s, p99 {:.0} ms from the start, apiserver CPU {:.2} ms per pod at the last bind, {:.2} until settled",
             self.ns,
             run.pods_per_sec,
             run.p99_ms,
             cpu_of(&run.cpu, "kube-apiserver") * 1000.0 / self.count as f64,
-            run.apiserver_settled_ms
+            settled_ms
         );
         cleanup(client, &self.ns).await?;
         Ok(run)
