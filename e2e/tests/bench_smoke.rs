@@ -83,8 +83,18 @@ fn the_scheduler_benchmark_runs_in_its_smoke_form() {
             "{measured} in {report}"
         );
     }
+    // Part 2's floor prices each kind of object, none for free.
+    for kind in ["gpuslice", "minimal_custom_resource", "configmap"] {
+        assert!(
+            report["apiserver_cpu_ms_per_create"][kind]
+                .as_f64()
+                .is_some_and(|v| v > 0.0),
+            "{kind} in {report}"
+        );
+    }
     for table in [
         "Backlog drain",
+        "What one object more per pod costs",
         "GPU-sharing peer",
         "Scale:",
         "JobSet gangs",

@@ -678,20 +678,25 @@ fn pem_to_der(pem: &str) -> Result<Vec<u8>> {
 
 /// Installs this project's CRDs and JobSet's, and waits until all are Established.
 async fn install_crds(client: &Client, tools: &Tools) -> Result<()> {
-    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     let jobset_yaml = std::fs::read_to_string(tools.jobset.join("jobset-crd.yaml"))
         .context("reading the JobSet CRD")?;
     let jobset: CustomResourceDefinition = serde_yaml::from_str(&jobset_yaml)?;
     let mut crds = runtimekit_crds::all();
     crds.push(jobset);
+    apply_crds(client, &crds).await
+}
+
+/// Applies `crds` and waits until each is Established.
+pub async fn apply_crds(client: &Client, crds: &[CustomResourceDefinition]) -> Result<()> {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     let params = PatchParams::apply(FIELD_MANAGER).force();
-    for crd in &crds {
+    for crd in crds {
         let name = crd.metadata.name.clone().unwrap_or_default();
         api.patch(&name, &params, &Patch::Apply(crd))
             .await
             .with_context(|| format!("applying CRD {name}"))?;
     }
-    for crd in &crds {
+    for crd in crds {
         let name = crd.metadata.name.clone().unwrap_or_default();
         let established = kube::runtime::wait::conditions::is_crd_established();
         tokio::time::timeout(

@@ -7,7 +7,8 @@
 //! kube-scheduler and ours, the medians reported; 5,000 whole-card pods (`nvidia.com/gpu: 1`)
 //! created as fast as the apiserver takes them, for kube-scheduler and then for ours; the same
 //! with time-division shares (ours only); a steady 100 pods/s for the p99 create-to-bound latency; and the raw Binding ceiling of this
-//! apiserver. Both schedulers are unthrottled on the client side (kube-scheduler's QPS is raised
+//! apiserver. Part 2's floor prices one more object per pod (a GpuSlice, the smallest custom
+//! resource, a ConfigMap) on this apiserver. Both schedulers are unthrottled on the client side (kube-scheduler's QPS is raised
 //! to 5,000, ours has no limiter). Memory is each process's peak RSS. `BENCH_SMOKE` runs the
 //! same code at a few hundred pods on 50 nodes, as CI does so the benchmark cannot rot.
 
@@ -17,6 +18,7 @@ use runtimekit_e2e::load::{CARDS, Fleet, install_runtime_class, wait_operator_re
 use serde_json::json;
 
 mod measure;
+mod objects;
 mod peer;
 mod report;
 mod runs;
@@ -145,7 +147,7 @@ async fn bench(cluster: &mut Cluster, sizes: Sizes) -> Result<()> {
     // BENCH_RUNS (for example `backlog-ours,steady`) picks runs; all but `peer-gangs` (a part
     // of `peer`) run by default.
     let runs = std::env::var("BENCH_RUNS").unwrap_or_else(|_| {
-        "backlog-kube,backlog-ours,kube,ours,tdm,steady,binding,peer,scale".into()
+        "backlog-kube,backlog-ours,objects,kube,ours,tdm,steady,binding,peer,scale".into()
     });
     let wanted = |run: &str| runs.split(',').any(|r| r == run);
     // Every run cleans up after itself, so the next one starts on free cards.
@@ -178,6 +180,11 @@ async fn bench(cluster: &mut Cluster, sizes: Sizes) -> Result<()> {
             }
         }
     }
+    let objects = if wanted("objects") {
+        objects::costs(&client, &processes, pods).await?
+    } else {
+        Vec::new()
+    };
     let kube = if wanted("kube") {
         burst(
             cluster,
@@ -270,6 +277,7 @@ async fn bench(cluster: &mut Cluster, sizes: Sizes) -> Result<()> {
         processes: &processes,
         backlog_kube,
         backlog_ours,
+        objects,
         kube,
         ours,
         tdm,

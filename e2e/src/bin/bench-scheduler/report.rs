@@ -1,6 +1,7 @@
 //! The tables `just bench-scheduler` prints, one per part, and its closing JSON line.
 
 use crate::measure::{Processes, Run, cpu_of};
+use crate::objects::ObjectCost;
 use crate::peer::{self, Comparison};
 use crate::scale::{GangTime, Scale};
 use crate::{CONCURRENCY, STEADY_RATE};
@@ -15,6 +16,8 @@ pub struct Results<'a> {
     /// One drain per pair, in pair order.
     pub backlog_kube: Vec<Run>,
     pub backlog_ours: Vec<Run>,
+    /// Part 2's floor: the apiserver's CPU per create of one more object.
+    pub objects: Vec<ObjectCost>,
     pub kube: Run,
     pub ours: Run,
     pub tdm: Run,
@@ -43,6 +46,7 @@ pub fn print(results: &Results) {
         processes,
         backlog_kube,
         backlog_ours,
+        objects,
         kube,
         ours,
         tdm,
@@ -57,6 +61,7 @@ pub fn print(results: &Results) {
         "\nscheduler benchmark: {nodes} kwok nodes x {CARDS} cards, {pods} pods per run, 2 cores shared with the control plane\n"
     );
     print_backlog(*pods, backlog_kube, backlog_ours);
+    print_objects(objects, backlog_kube);
     println!(
         "\nBursts: pods created as fast as the apiserver takes them, the scheduler running.\n"
     );
@@ -143,6 +148,7 @@ pub fn print(results: &Results) {
         "apiserver_cpu_ms_per_pod_at_last_bind_ours": round2(median(backlog_ours.iter().map(apiserver_ms_per_pod))),
         "apiserver_cpu_ms_per_pod_at_last_bind_kube_scheduler": round2(median(backlog_kube.iter().map(apiserver_ms_per_pod))),
         "apiserver_ratio_at_last_bind": round2(median(pairs.iter().map(|p| p.apiserver_at_last_bind))),
+        "apiserver_cpu_ms_per_create": objects.iter().map(|o| (o.key.to_owned(), json!(round2(o.ms_per_create)))).collect::<serde_json::Map<_, _>>(),
         "backlog_pairs": pairs.iter().map(|p| json!({"ratio": round2(p.pods_per_sec), "apiserver_ratio": round2(p.apiserver), "apiserver_ratio_at_last_bind": round2(p.apiserver_at_last_bind)})).collect::<Vec<_>>(),
         "p99_create_to_bound_ms": round(steady_p99),
         "p99_create_to_bound_ms_runs": steady.iter().map(|r| round(r.p99_ms)).collect::<Vec<_>>(),
@@ -249,6 +255,30 @@ fn print_backlog(pods: usize, kube: &[Run], ours: &[Run]) {
         listed(|p| p.apiserver),
         listed(|p| p.apiserver_at_last_bind)
     );
+}
+
+/// Part 2's floor: each kind's create against kube-scheduler's whole cost per pod, and what a
+/// ratio of 1.1 would leave for everything ours adds.
+fn print_objects(objects: &[ObjectCost], kube: &[Run]) {
+    if objects.is_empty() {
+        return;
+    }
+    let base = median(kube.iter().filter_map(|r| r.apiserver_settled_ms));
+    println!(
+        "\nWhat one object more per pod costs this apiserver: each kind created {} times into its own namespace with one JSON watch open on it (as an informer holds), the apiserver's CPU counted until the watch had seen the last. kube-scheduler's backlog costs the apiserver {base:.2} ms per pod until settled (median above): a ratio of 1.1 leaves {:.2} ms per pod for all that ours adds.\n",
+        objects[0].creates,
+        base * 0.1
+    );
+    println!("| object | apiserver CPU ms per create | against kube-scheduler's ms per pod |");
+    println!("| --- | --- | --- |");
+    for object in objects {
+        println!(
+            "| {} | {:.2} | {:+.0} % |",
+            object.kind,
+            object.ms_per_create,
+            object.ms_per_create / base * 100.0
+        );
+    }
 }
 
 /// The median of `values`; NaN when there are none.
