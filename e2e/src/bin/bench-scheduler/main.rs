@@ -4,11 +4,12 @@
 //!
 //! Runs: backlog drains (5,000 whole-card pods created while no scheduler runs, then the
 //! scheduler started and timed until all are bound, with each process's CPU), in pairs of
-//! kube-scheduler and ours, the medians reported; 5,000 whole-card pods (`nvidia.com/gpu: 1`)
-//! created as fast as the apiserver takes them, for kube-scheduler and then for ours; the same
-//! with time-division shares (ours only); a steady 100 pods/s for the p99 create-to-bound latency; and the raw Binding ceiling of this
-//! apiserver. Part 2's floor prices one more object per pod (a GpuSlice, the smallest custom
-//! resource, a ConfigMap) on this apiserver. Both schedulers are unthrottled on the client side (kube-scheduler's QPS is raised
+//! kube-scheduler and ours, the medians reported; part 2's floor, one more object per pod (a
+//! GpuSlice, the smallest custom resource, a ConfigMap) priced on this apiserver; 5,000
+//! whole-card pods (`nvidia.com/gpu: 1`) created as fast as the apiserver takes them, for
+//! kube-scheduler and then for ours; the same with time-division shares (ours only); a steady
+//! 100 pods/s for the p99 create-to-bound latency; and the raw Binding ceiling of this
+//! apiserver. Both schedulers are unthrottled on the client side (kube-scheduler's QPS is raised
 //! to 5,000, ours has no limiter). Memory is each process's peak RSS. `BENCH_SMOKE` runs the
 //! same code at a few hundred pods on 50 nodes, as CI does so the benchmark cannot rot.
 

@@ -142,8 +142,8 @@ pub fn print(results: &Results) {
         "backlog_ours_pods_per_sec": round(median(backlog_ours.iter().map(|r| r.pods_per_sec))),
         "backlog_kube_scheduler_pods_per_sec": round(median(backlog_kube.iter().map(|r| r.pods_per_sec))),
         "backlog_ratio": round2(median(pairs.iter().map(|p| p.pods_per_sec))),
-        "apiserver_cpu_ms_per_pod_ours": round2(median(backlog_ours.iter().filter_map(|r| r.apiserver_settled_ms))),
-        "apiserver_cpu_ms_per_pod_kube_scheduler": round2(median(backlog_kube.iter().filter_map(|r| r.apiserver_settled_ms))),
+        "apiserver_cpu_ms_per_pod_ours": round2(settled_median(backlog_ours)),
+        "apiserver_cpu_ms_per_pod_kube_scheduler": round2(settled_median(backlog_kube)),
         "apiserver_ratio": round2(median(pairs.iter().map(|p| p.apiserver))),
         "apiserver_cpu_ms_per_pod_at_last_bind_ours": round2(median(backlog_ours.iter().map(apiserver_ms_per_pod))),
         "apiserver_cpu_ms_per_pod_at_last_bind_kube_scheduler": round2(median(backlog_kube.iter().map(apiserver_ms_per_pod))),
@@ -177,6 +177,11 @@ pub fn print(results: &Results) {
 /// a backlog, so a ratio with it reads NaN rather than a number.
 fn settled(run: &Run) -> f64 {
     run.apiserver_settled_ms.unwrap_or(f64::NAN)
+}
+
+/// The median of the backlogs' apiserver CPU milliseconds per pod until settled.
+fn settled_median(runs: &[Run]) -> f64 {
+    median(runs.iter().filter_map(|r| r.apiserver_settled_ms))
 }
 
 /// Ours against kube-scheduler in one pair of backlog drains.
@@ -236,7 +241,7 @@ fn print_backlog(pods: usize, kube: &[Run], ours: &[Run]) {
             median(runs.iter().map(|r| r.pods_per_sec)),
             median(runs.iter().map(|r| cpu_of(&r.cpu, process))),
             median(runs.iter().map(|r| cpu_of(&r.cpu, "kube-apiserver"))),
-            median(runs.iter().filter_map(|r| r.apiserver_settled_ms)),
+            settled_median(runs),
             median(runs.iter().map(apiserver_ms_per_pod))
         );
     }
@@ -263,7 +268,7 @@ fn print_objects(objects: &[ObjectCost], kube: &[Run]) {
     if objects.is_empty() {
         return;
     }
-    let base = median(kube.iter().filter_map(|r| r.apiserver_settled_ms));
+    let base = settled_median(kube);
     println!(
         "\nWhat one object more per pod costs this apiserver: each kind created {} times into its own namespace with one JSON watch open on it (as an informer holds), the apiserver's CPU counted until the watch had seen the last. kube-scheduler's backlog costs the apiserver {base:.2} ms per pod until settled (median above): a ratio of 1.1 leaves {:.2} ms per pod for all that ours adds.\n",
         objects[0].creates,
