@@ -3,8 +3,10 @@
 # and caches them by version under $RUNTIMEKIT_CACHE (default ~/.cache/runtimekit), so a
 # second run takes seconds. Prints, for each family, the directory holding its binaries.
 #
-#   e2e/scripts/build-tools.sh [k8s|etcd|jobset|kwok|volcano ...]
-#   (default: all but volcano, the scheduler benchmark's peer)
+#   e2e/scripts/build-tools.sh [k8s|k8s-1.35|etcd|jobset|kwok|containerd|volcano ...]
+#   Default: etcd, kwok, jobset, k8s (the current release) and containerd (the real node's
+#   runtime). k8s-1.35 is the oldest supported release, for `just e2e-k8s 1.35`; volcano is the
+#   scheduler benchmark's peer.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -18,12 +20,12 @@ module_version() {
 
 # The binaries of the families asked for, counted as they are built or found, so a cold build
 # says how far it is.
-declare -A per_family=([etcd]=1 [kwok]=1 [jobset]=1 [k8s]=5 [volcano]=1)
+declare -A per_family=([etcd]=1 [kwok]=1 [jobset]=1 [k8s]=5 [k8s-1.35]=5 [containerd]=3 [volcano]=1)
 total=0
 counted=0
 
-# build FAMILY VERSION LDFLAGS NAME=PACKAGE...: builds each PACKAGE of e2e/tools/FAMILY into
-# the cache as NAME, skipping binaries already there.
+# build FAMILY VERSION LDFLAGS NAME=PACKAGE...: builds each PACKAGE of e2e/tools/FAMILY (or of
+# $tools_dir) into the cache as NAME, skipping binaries already there.
 build() {
   local family=$1 version=$2 ldflags=$3; shift 3
   local out="$cache/bin/$family-$version"
@@ -34,16 +36,19 @@ build() {
     [ -x "$out/$name" ] && continue
     echo "building $name $version from $package ($counted of $total; a cold build takes minutes)" >&2
     local start=$SECONDS
-    (cd "${build_dir:-$here/tools/$family}" &&
-      go build -trimpath -tags=selinux,notest,grpcnotrace -ldflags "-s -w $ldflags" -o "$out/$name.partial" "$package" >&2)
+    (cd "${build_dir:-$here/tools/${tools_dir:-$family}}" &&
+      go build -trimpath -tags="${tags:-selinux,notest,grpcnotrace}" -ldflags "-s -w $ldflags" -o "$out/$name.partial" "$package" >&2)
     mv "$out/$name.partial" "$out/$name"
     echo "built $name in $((SECONDS - start)) s" >&2
   done
   echo "$out"
 }
 
+# build_k8s [TOOLS_DIR]: the Kubernetes binaries of e2e/tools/TOOLS_DIR (default k8s), cached
+# as k8s-<version> whichever module pins them.
 build_k8s() {
-  local v; v=$(module_version k8s.io/kubernetes k8s)
+  local tools_dir=${1:-k8s}
+  local v; v=$(module_version k8s.io/kubernetes "$tools_dir")
   local minor=${v#v1.}; minor=${minor%%.*}
   local flags=""
   for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
@@ -84,6 +89,16 @@ build_kwok() {
   { cat "$nodes/fast/node-initialize.yaml"; echo "---"; cat "$nodes/heartbeat-with-lease/node-heartbeat-with-lease.yaml"; } >"$cache/bin/kwok-$v/node-stages-lease.yaml"
 }
 
+# containerd 2 with its CRI plugin, which resolves CDI device IDs (Debian's 1.6 predates CDI),
+# its runc shim and ctr, built static as upstream's release is (no cgo, so no btrfs snapshotter).
+build_containerd() {
+  local v; v=$(module_version github.com/containerd/containerd/v2 containerd)
+  local pkg=github.com/containerd/containerd/v2
+  tags=urfave_cli_no_docs,osusergo,netgo,static_build build containerd "$v" \
+    "-X $pkg/version.Version=$v -X $pkg/version.Package=$pkg" \
+    containerd=$pkg/cmd/containerd containerd-shim-runc-v2=$pkg/cmd/containerd-shim-runc-v2 ctr=$pkg/cmd/ctr
+}
+
 build_volcano() {
   local v; v=$(cat "$here/tools/volcano/version")
   local out="$cache/bin/volcano-$v"
@@ -105,11 +120,12 @@ build_volcano() {
 }
 
 families=("$@")
-[ ${#families[@]} -gt 0 ] || families=(etcd kwok jobset k8s)
+[ ${#families[@]} -gt 0 ] || families=(etcd kwok jobset k8s containerd)
 for family in "${families[@]}"; do total=$((total + ${per_family[$family]:-0})); done
 for family in "${families[@]}"; do
   case $family in
-    k8s | etcd | jobset | kwok | volcano) "build_$family" ;;
-    *) echo "unknown tool family: $family (expected k8s, etcd, jobset, kwok or volcano)" >&2; exit 2 ;;
+    k8s | etcd | jobset | kwok | containerd | volcano) "build_$family" ;;
+    k8s-1.35) build_k8s "$family" ;;
+    *) echo "unknown tool family: $family (expected k8s, k8s-1.35, etcd, jobset, kwok, containerd or volcano)" >&2; exit 2 ;;
   esac
 done

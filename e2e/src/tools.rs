@@ -16,6 +16,37 @@ pub struct Tools {
     pub jobset: PathBuf,
     /// kwok.
     pub kwok: PathBuf,
+    /// containerd, its runc shim and ctr (the real node's runtime).
+    pub containerd: PathBuf,
+}
+
+/// The variable that picks the Kubernetes release the harness runs (`1.35`, the oldest
+/// supported); unset, it runs the current one, `e2e/tools/k8s`.
+pub const RELEASE_VARIABLE: &str = "RUNTIMEKIT_K8S";
+
+/// The tools family of the Kubernetes release `RUNTIMEKIT_K8S` names: `k8s` when unset, else
+/// `k8s-<release>`, which must have its tools module under `e2e/tools/`.
+fn k8s_family() -> Result<String> {
+    let Some(release) = std::env::var(RELEASE_VARIABLE).ok().filter(|r| !r.is_empty()) else {
+        return Ok("k8s".into());
+    };
+    let family = format!("k8s-{release}");
+    let tools = repo_root().join("e2e/tools");
+    if !tools.join(&family).join("go.mod").exists() {
+        let known: Vec<String> = std::fs::read_dir(&tools)
+            .map(|entries| {
+                entries
+                    .filter_map(|e| e.ok()?.file_name().into_string().ok())
+                    .filter_map(|n| n.strip_prefix("k8s-").map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default();
+        bail!(
+            "{RELEASE_VARIABLE}={release}: no tools module e2e/tools/{family}; the releases besides the current one are: {}",
+            known.join(", ")
+        );
+    }
+    Ok(family)
 }
 
 /// The repository root.
@@ -29,7 +60,8 @@ impl Tools {
     /// Builds the binaries if the cache lacks them (minutes on a fresh machine, with progress on
     /// stderr) and returns where they are.
     pub fn ensure() -> Result<Tools> {
-        let dirs = build_tools(&[])?;
+        let k8s = k8s_family()?;
+        let dirs = build_tools(&["etcd", "kwok", "jobset", &k8s, "containerd"])?;
         let family = |prefix: &str| {
             dirs.iter()
                 .find(|d| {
@@ -45,6 +77,7 @@ impl Tools {
             k8s: family("k8s-")?,
             jobset: family("jobset-")?,
             kwok: family("kwok-")?,
+            containerd: family("containerd-")?,
         })
     }
 
@@ -62,8 +95,8 @@ impl Tools {
     }
 }
 
-/// Runs `e2e/scripts/build-tools.sh` for `families` (all but the peer when empty); returns the
-/// directories it printed, one per family.
+/// Runs `e2e/scripts/build-tools.sh` for `families`; returns the directories it printed, one
+/// per family.
 fn build_tools(families: &[&str]) -> Result<Vec<PathBuf>> {
     let script = repo_root().join("e2e/scripts/build-tools.sh");
     let output = Command::new(&script)

@@ -211,6 +211,9 @@ impl Cluster {
             &[
                 format!("--etcd-servers={etcd_url}"),
                 "--advertise-address=127.0.0.1".into(),
+                // Since 1.37 a loopback address may not be written into the `kubernetes`
+                // Endpoints, which nothing here routes to anyway.
+                "--endpoint-reconciler-type=none".into(),
                 "--bind-address=127.0.0.1".into(),
                 format!("--secure-port={}", ports.apiserver),
                 format!("--cert-dir={}", dir.join("apiserver").display()),
@@ -413,7 +416,7 @@ impl Cluster {
     pub fn stop(&mut self) {
         while let Some(mut component) = self.components.pop() {
             if component.name == "containerd" {
-                real_node::kill_containers(&self.dir);
+                real_node::kill_containers(&self.dir, &component.program);
             }
             stop_pid(component.pid, component.child.as_mut());
         }
@@ -600,7 +603,7 @@ pub fn stop_recorded(dir: &Path) -> Result<usize> {
         });
         if running {
             if name == "containerd" {
-                real_node::kill_containers(dir);
+                real_node::kill_containers(dir, Path::new(program));
             }
             stop_pid(pid, None);
             stopped += 1;

@@ -51,6 +51,8 @@ pub struct RealNode {
     pub dir: PathBuf,
     /// containerd's socket.
     pub containerd_socket: PathBuf,
+    /// The `ctr` built with that containerd.
+    pub ctr: PathBuf,
     /// Where the kubelet writes containers' logs.
     pub pod_logs: PathBuf,
     /// The kubelet's healthz port on 127.0.0.1.
@@ -81,7 +83,7 @@ pub(crate) fn check_socket_room(dir: &Path) -> Result<()> {
 
 /// What the node's processes need from the host, with how to get it.
 pub(crate) fn check_host() -> Result<()> {
-    let missing: Vec<&str> = ["containerd", "runc", "ctr", "umoci", "busybox"]
+    let missing: Vec<&str> = ["runc", "umoci", "busybox"]
         .into_iter()
         .filter(|tool| find_command(tool).is_none())
         .chain(
@@ -144,7 +146,7 @@ impl Cluster {
         check_host()?;
         check_socket_room(&self.dir)?;
         let dir = self.dir.join(NODE_DIR);
-        for sub in ["containerd", "cni/net.d", "kubelet", "pod-logs", "gpu"] {
+        for sub in ["containerd", "cni/net.d", "cdi", "kubelet", "pod-logs", "gpu"] {
             std::fs::create_dir_all(dir.join(sub))?;
         }
         let ctrd = dir.join("containerd");
@@ -178,7 +180,7 @@ impl Cluster {
             .context("build-images.sh printed no pause image")?;
         std::fs::write(
             ctrd.join("config.toml"),
-            containerd_config(&ctrd, &dir.join("cni"), &pause, &lj_runtime),
+            containerd_config(&ctrd, &dir.join("cni"), &dir.join("cdi"), &pause, &lj_runtime),
         )?;
         // A subnet per run, so a second cluster's pods do not take the same addresses.
         let subnet = 1 + std::process::id() % 250;
@@ -197,21 +199,30 @@ impl Cluster {
             })
             .to_string(),
         )?;
-        let containerd = find_command("containerd").context("containerd is not on PATH")?;
-        // The shims containerd starts, and lj-runtime under them, inherit its environment.
+        let containerd = self.tools.containerd.join("containerd");
+        // containerd finds its runc shim on PATH, ours before any other; the shims, and
+        // lj-runtime under them, inherit its environment.
+        let path = std::env::var("PATH").unwrap_or_default();
         self.spawn_with_env(
             "containerd",
             &containerd,
             &[format!("--config={}", ctrd.join("config.toml").display())],
-            &[(
-                "LJ_RUNTIME_CONFIG".into(),
-                runtime_config.display().to_string(),
-            )],
+            &[
+                (
+                    "LJ_RUNTIME_CONFIG".into(),
+                    runtime_config.display().to_string(),
+                ),
+                (
+                    "PATH".into(),
+                    format!("{}:{path}", self.tools.containerd.display()),
+                ),
+            ],
         )?;
         let node = RealNode {
             name: name.to_owned(),
             dir: dir.clone(),
             containerd_socket: socket,
+            ctr: self.tools.containerd.join("ctr"),
             pod_logs: dir.join("pod-logs"),
             healthz_port: crate::tools::free_port()?,
             layer_socket: layer_socket.clone(),
@@ -340,7 +351,7 @@ impl Cluster {
 impl RealNode {
     /// A `ctr` command against this node's containerd, in the CRI namespace.
     pub fn ctr(&self) -> Command {
-        let mut command = Command::new("ctr");
+        let mut command = Command::new(&self.ctr);
         command
             .arg("--address")
             .arg(&self.containerd_socket)
@@ -504,43 +515,49 @@ pub fn build_images(names: &[&str]) -> Result<Vec<(String, PathBuf)>> {
         .collect())
 }
 
-/// containerd 1.6's configuration: everything under `dir`, runc as the default handler, the
-/// `lj-runtime` handler with the allocation annotation passed into the OCI spec (as
-/// config/runtime/containerd-handler.toml registers it), and `oom_score_adj` left alone (root
-/// here lacks CAP_SYS_RESOURCE to lower it).
-fn containerd_config(dir: &Path, cni: &Path, pause: &str, lj_runtime: &Path) -> String {
+/// containerd 2's configuration (version 3): everything under `dir`, runc as the default
+/// handler, the `lj-runtime` handler with the allocation annotation passed into the OCI spec (as
+/// config/runtime/containerd-handler.toml registers it), CDI specs read from `cdi`, and
+/// `oom_score_adj` left alone (root here lacks CAP_SYS_RESOURCE to lower it).
+fn containerd_config(dir: &Path, cni: &Path, cdi: &Path, pause: &str, lj_runtime: &Path) -> String {
     let d = dir.display();
+    let runtime = r#"plugins."io.containerd.cri.v1.runtime""#;
     format!(
-        r#"version = 2
+        r#"version = 3
 root = "{d}/root"
 state = "{d}/state"
 [grpc]
   address = "{d}/containerd.sock"
+[ttrpc]
+  address = "{d}/containerd.sock.ttrpc"
 [plugins."io.containerd.internal.v1.opt"]
   path = "{d}/opt"
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "{pause}"
+[plugins."io.containerd.cri.v1.images".pinned_images]
+  sandbox = "{pause}"
+[{runtime}]
   restrict_oom_score_adj = true
   netns_mounts_under_state_dir = true
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    default_runtime_name = "runc"
-  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-    runtime_type = "io.containerd.runc.v2"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-      SystemdCgroup = false
-      Root = "{d}/runc"
-  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.lj-runtime]
-    runtime_type = "io.containerd.runc.v2"
-    pod_annotations = ["aliyun.com/*"]
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.lj-runtime.options]
-      BinaryName = "{lj}"
-      SystemdCgroup = false
-      Root = "{d}/runc"
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/usr/lib/cni"
-    conf_dir = "{cni}/net.d"
+  cdi_spec_dirs = ["{cdi}"]
+[{runtime}.containerd]
+  default_runtime_name = "runc"
+[{runtime}.containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+[{runtime}.containerd.runtimes.runc.options]
+  SystemdCgroup = false
+  Root = "{d}/runc"
+[{runtime}.containerd.runtimes.lj-runtime]
+  runtime_type = "io.containerd.runc.v2"
+  pod_annotations = ["aliyun.com/*"]
+[{runtime}.containerd.runtimes.lj-runtime.options]
+  BinaryName = "{lj}"
+  SystemdCgroup = false
+  Root = "{d}/runc"
+[{runtime}.cni]
+  bin_dirs = ["/usr/lib/cni"]
+  conf_dir = "{cni}/net.d"
 "#,
         cni = cni.display(),
+        cdi = cdi.display(),
         lj = lj_runtime.display(),
     )
 }
@@ -579,9 +596,9 @@ volumePluginDir: {plugins}
     )
 }
 
-/// Kills the containers of the real node under `cluster_dir`, while its containerd still runs:
-/// its shims and containers do not stop with it.
-pub fn kill_containers(cluster_dir: &Path) {
+/// Kills the containers of the real node under `cluster_dir` with the `ctr` beside its
+/// `containerd`, while that still runs: its shims and containers do not stop with it.
+pub fn kill_containers(cluster_dir: &Path, containerd: &Path) {
     let socket = cluster_dir
         .join(NODE_DIR)
         .join("containerd/containerd.sock");
@@ -591,7 +608,7 @@ pub fn kill_containers(cluster_dir: &Path) {
     let ctr = |args: &[&str]| {
         Command::new("timeout")
             .arg("10")
-            .arg("ctr")
+            .arg(containerd.with_file_name("ctr"))
             .arg("--address")
             .arg(&socket)
             .args(["--namespace", "k8s.io"])

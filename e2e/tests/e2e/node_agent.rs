@@ -1188,7 +1188,7 @@ async fn node_agent_writes_only_its_own_node(ctx: TestContext) -> Result<()> {
             &request,
         )
         .await?;
-    let token = token.status.context("token")?.token;
+    let token = token.status.and_then(|s| s.token).context("token")?;
     let daemon = ctx.client_with_token(&token).await?;
     let groups_sa = kube::Api::<TopologyGroup>::all(daemon);
     groups_sa
