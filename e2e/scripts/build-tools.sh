@@ -77,10 +77,12 @@ build_jobset() {
 build_kwok() {
   local v; v=$(module_version sigs.k8s.io/kwok kwok)
   build kwok "$v" "-X sigs.k8s.io/kwok/pkg/consts.Version=${v#v}" kwok=sigs.k8s.io/kwok/cmd/kwok
-  # kwok's own pod stages without the one that completes Job pods the moment they run, for a
-  # cluster whose jobs should keep running (the demo's gang).
+  # kwok v0.8 has no pod stages of its own: its fast ones as they are (Job pods complete the
+  # moment they run), and without the one that completes Job pods, for a cluster whose jobs
+  # should keep running (the demo's gang).
   local dir; dir=$(cd "$here/tools/kwok" && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)
   local stages="$dir/kustomize/stage/pod/fast"
+  { cat "$stages/pod-ready.yaml"; echo "---"; cat "$stages/pod-complete.yaml"; echo "---"; cat "$stages/pod-delete.yaml"; } >"$cache/bin/kwok-$v/pod-stages.yaml"
   { cat "$stages/pod-ready.yaml"; echo "---"; cat "$stages/pod-delete.yaml"; } >"$cache/bin/kwok-$v/pod-stages-running.yaml"
   # kwok's own node stages for clusters with node leases, named explicitly: its default picks
   # them by the opposite of the lease flag (getDefaultNodeStages(leaseSeconds == 0) in v0.7.0),

@@ -27,7 +27,10 @@ pub const RELEASE_VARIABLE: &str = "RUNTIMEKIT_K8S";
 /// The tools family of the Kubernetes release `RUNTIMEKIT_K8S` names: `k8s` when unset, else
 /// `k8s-<release>`, which must have its tools module under `e2e/tools/`.
 fn k8s_family() -> Result<String> {
-    let Some(release) = std::env::var(RELEASE_VARIABLE).ok().filter(|r| !r.is_empty()) else {
+    let Some(release) = std::env::var(RELEASE_VARIABLE)
+        .ok()
+        .filter(|r| !r.is_empty())
+    else {
         return Ok("k8s".into());
     };
     let family = format!("k8s-{release}");

@@ -3,6 +3,7 @@
 //! ready, and stopped by the PIDs it recorded.
 
 mod deploy;
+pub mod node_side;
 pub mod real_node;
 pub mod simulated;
 
@@ -323,12 +324,17 @@ impl Cluster {
                 ),
             ]
             .into_iter()
-            .chain(options.jobs_keep_running.then(|| {
-                format!(
-                    "--config={}",
-                    self.tools.kwok.join("pod-stages-running.yaml").display()
-                )
-            }))
+            .chain([format!(
+                "--config={}",
+                self.tools
+                    .kwok
+                    .join(if options.jobs_keep_running {
+                        "pod-stages-running.yaml"
+                    } else {
+                        "pod-stages.yaml"
+                    })
+                    .display()
+            )])
             .collect::<Vec<_>>(),
         )?;
         self.wait_ready(

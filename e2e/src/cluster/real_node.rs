@@ -10,7 +10,7 @@
 //! `--node-ip`), so `kubectl logs` and `exec` reach the kubelet on loopback.
 
 use crate::cluster::Cluster;
-use crate::cluster::simulated::{AGENT_GROUP, agent_user};
+use crate::cluster::node_side::{AGENT_GROUP, agent_user, wait_for_socket};
 use crate::tools::{repo_root, run};
 use crate::workspace_binary::{workspace_binary, workspace_library};
 use anyhow::{Context, Result, bail};
@@ -123,21 +123,6 @@ fn find_command(name: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// Waits until a unix socket accepts connections.
-pub(crate) fn wait_for_socket(socket: &Path) -> Result<()> {
-    let deadline = Instant::now() + READY_TIMEOUT;
-    while std::os::unix::net::UnixStream::connect(socket).is_err() {
-        if Instant::now() > deadline {
-            bail!(
-                "nothing answered on {} within {READY_TIMEOUT:?}",
-                socket.display()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    Ok(())
-}
-
 impl Cluster {
     /// Starts the real node `name`: the resource layer, containerd and its images, the kubelet
     /// and the node agent. Returns once they run; [`RealNode::wait_ready`] waits for the Node to
@@ -146,7 +131,14 @@ impl Cluster {
         check_host()?;
         check_socket_room(&self.dir)?;
         let dir = self.dir.join(NODE_DIR);
-        for sub in ["containerd", "cni/net.d", "cdi", "kubelet", "pod-logs", "gpu"] {
+        for sub in [
+            "containerd",
+            "cni/net.d",
+            "cdi",
+            "kubelet",
+            "pod-logs",
+            "gpu",
+        ] {
             std::fs::create_dir_all(dir.join(sub))?;
         }
         let ctrd = dir.join("containerd");
@@ -180,7 +172,13 @@ impl Cluster {
             .context("build-images.sh printed no pause image")?;
         std::fs::write(
             ctrd.join("config.toml"),
-            containerd_config(&ctrd, &dir.join("cni"), &dir.join("cdi"), &pause, &lj_runtime),
+            containerd_config(
+                &ctrd,
+                &dir.join("cni"),
+                &dir.join("cdi"),
+                &pause,
+                &lj_runtime,
+            ),
         )?;
         // A subnet per run, so a second cluster's pods do not take the same addresses.
         let subnet = 1 + std::process::id() % 250;

@@ -3,7 +3,7 @@
 //! kubelets' device manager (kwok runs their pods' lifecycle but has no device plugins). They
 //! are started by PID with the rest of the cluster and stopped with it.
 
-use super::real_node::wait_for_socket;
+use super::node_side::{AGENT_GROUP, agent_user, wait_for_socket};
 use super::{Cluster, KWOK_ANNOTATION};
 use crate::workspace_binary::workspace_binary;
 use anyhow::{Context, Result};
@@ -13,14 +13,6 @@ use std::path::{Path, PathBuf};
 
 /// The link, in the cluster's folder, to the simulated nodes' folder ([`short_root`]).
 const SIMULATED_DIR: &str = "simulated";
-/// The group every node agent's certificate names (config/node-agent/rbac.yaml binds it).
-pub const AGENT_GROUP: &str = "runtimekit:node-agents";
-
-/// The user a node's agent authenticates as (config/node-agent/admission-policy.yaml reads the
-/// node's name from it).
-pub fn agent_user(node: &str) -> String {
-    format!("runtimekit:node-agent:{node}")
-}
 
 /// One simulated node to start.
 #[derive(Debug, Clone, PartialEq, Eq)]

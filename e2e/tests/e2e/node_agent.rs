@@ -13,7 +13,7 @@ use kube::runtime::watcher;
 use runtimekit_crds::{
     CardHealth, GpuSlice, MigInstanceRef, SLICE_FINALIZER, SlicePhase, TopologyGroup,
 };
-use runtimekit_e2e::cluster::simulated::{AGENT_GROUP, agent_user};
+use runtimekit_e2e::cluster::node_side::{AGENT_GROUP, agent_user};
 use runtimekit_e2e::harness::{Test, TestProcess, workspace_binary};
 use runtimekit_e2e::{FakeNode, TestContext, tests};
 use runtimekit_proto::resource::v1alpha1 as pb;

@@ -17,11 +17,8 @@ use std::process::{Child, Command};
 
 use crate::measure::{Processes, Run};
 use crate::runs::{Operator, Pending, drain_backlog, steady};
-use crate::workload::Workload;
+use crate::workload::{VOLCANO_SCHEDULER as SCHEDULER, Workload};
 use crate::{CONCURRENCY, OURS};
-
-/// The scheduler name Volcano's pods give.
-pub const SCHEDULER: &str = "volcano";
 
 /// vc-scheduler's configuration: Volcano's usual actions and plugins, with the vGPU sharing of
 /// `deviceshare` on. (`predicates` must run: it writes the pod's card assignment.)

@@ -13,6 +13,9 @@ use serde_json::{Value, json};
 
 use crate::CONCURRENCY;
 
+/// The scheduler name Volcano's pods give.
+pub const VOLCANO_SCHEDULER: &str = "volcano";
+
 /// The pods of a run.
 #[derive(Debug, Clone)]
 pub struct Workload {
@@ -45,7 +48,7 @@ impl Workload {
     /// The same pods for Volcano.
     pub fn for_volcano(self) -> Workload {
         Workload {
-            scheduler: crate::peer::SCHEDULER.into(),
+            scheduler: VOLCANO_SCHEDULER.into(),
             volcano: true,
             ..self
         }

@@ -2,7 +2,7 @@
 //! card (MIG per the contract's tables, shares only where the hardware can share), created,
 //! adopted, destroyed and listed, and kept in the state file so they survive a restart.
 
-use super::profile::{CardSpec, VendorName};
+use super::profile::{CardSpec, VendorName, mig_uuid};
 use super::{SimState, SimulatedBackend};
 use crate::backend::{DestroyTarget, select_devices};
 use crate::error::LayerError;
@@ -11,21 +11,9 @@ use crate::instances::{
     table_profiles,
 };
 use crate::store::change_and_save;
-use crate::util::{derived_uuid, lock};
+use crate::util::lock;
 use runtimekit_proto::resource::v1alpha1 as pb;
 use std::collections::BTreeSet;
-
-/// The MIG device UUID of a simulated GPU instance.
-pub(super) fn mig_uuid(card_uuid: &str, gpu_instance_id: u32, created_ms: u64) -> String {
-    format!(
-        "MIG-{}",
-        derived_uuid(&[
-            card_uuid.as_bytes(),
-            &gpu_instance_id.to_le_bytes(),
-            &created_ms.to_le_bytes()
-        ])
-    )
-}
 
 /// Memory a MIG profile really offers: a little under what its name states (1g.10gb offers
 /// 9984 MiB on an H100), in 128 MiB steps.

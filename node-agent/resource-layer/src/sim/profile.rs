@@ -7,11 +7,24 @@
 use crate::error::LayerError;
 use crate::instances::{InstanceRecord, MigIds, ShareSpec, check_mig_placement};
 use crate::topology::{CardLinks, apply_peer_links};
+use crate::util::derived_uuid;
 use runtimekit_contract::mig::{MigTable, table_for};
 use runtimekit_proto::resource::v1alpha1 as pb;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::Path;
+
+/// The MIG device UUID of a simulated GPU instance.
+pub(super) fn mig_uuid(card_uuid: &str, gpu_instance_id: u32, created_ms: u64) -> String {
+    format!(
+        "MIG-{}",
+        derived_uuid(&[
+            card_uuid.as_bytes(),
+            &gpu_instance_id.to_le_bytes(),
+            &created_ms.to_le_bytes()
+        ])
+    )
+}
 
 /// The profiles shipped with the binary: (name, YAML).
 pub const SHIPPED: [(&str, &str); 5] = [
@@ -253,7 +266,7 @@ impl SimProfile {
                     mig: Some(MigIds {
                         gpu_instance_id,
                         compute_instance_id: 0,
-                        device_uuid: super::instances::mig_uuid(uuid, gpu_instance_id, now_ms),
+                        device_uuid: mig_uuid(uuid, gpu_instance_id, now_ms),
                         no_compute_instance: false,
                     }),
                     created_unix_ms: now_ms,
