@@ -17,6 +17,7 @@
 pub mod agent;
 pub mod cli;
 pub mod deviceplugin;
+pub mod dra;
 pub mod enactor;
 pub mod exporter;
 #[cfg(test)]

@@ -215,6 +215,26 @@ pub struct NodeState {
     /// they have slices or the kubelet still lists them: a card the kubelet's books still give
     /// to such a pod after it ended is not held outside the scheduler.
     pub own_pods: BTreeSet<String>,
+    /// The devices the DRA plugin prepared for claims on this node.
+    pub prepared: Vec<PreparedDevice>,
+}
+
+/// One device of a ResourceClaim that the DRA plugin prepared on this node.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PreparedDevice {
+    /// `<namespace>/<name>` of the claim.
+    pub claim: String,
+    /// The claim's UID.
+    pub claim_uid: String,
+    /// The device's name in the pool.
+    pub device: String,
+    /// The card it is on (none for a NIC).
+    pub card: Option<u32>,
+    /// How it uses the card.
+    pub mode: Option<SliceMode>,
+    /// The resource-layer instance made for it (a share or a MIG instance).
+    pub instance_key: Option<String>,
 }
 
 impl NodeState {
@@ -225,6 +245,18 @@ impl NodeState {
             && !(device.state() == pb::DeviceState::Partial && device.model.is_empty())
             && device.healthy
             && self.faults.healthy(device.index)
+    }
+
+    /// The resource-layer instances the DRA plugin made for claims.
+    pub fn prepared_instance_keys(&self) -> impl Iterator<Item = &str> {
+        self.prepared
+            .iter()
+            .filter_map(|p| p.instance_key.as_deref())
+    }
+
+    /// The claims prepared on a card.
+    pub fn prepared_on(&self, card: u32) -> impl Iterator<Item = &PreparedDevice> {
+        self.prepared.iter().filter(move |p| p.card == Some(card))
     }
 
     /// The slices on a card.

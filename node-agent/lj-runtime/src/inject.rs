@@ -4,27 +4,15 @@
 //! together, the scheduler's annotation never does, so what this sets replaces what the device
 //! plugin set.
 //!
-//! A container is given, for each card: the card's device files (a MIG instance's: its card's
-//! files and the instance's capability files), once the driver's control files, each NIC's
-//! files; and the environment below. A container of the pod that got no cards gets no device
-//! and `NVIDIA_VISIBLE_DEVICES=void`.
-//!
-//! | variable | value |
-//! | --- | --- |
-//! | `NVIDIA_VISIBLE_DEVICES`, `RUNTIMEKIT_VISIBLE_DEVICES` | card UUIDs (MIG device UUIDs for MIG cards), comma-separated in replica order |
-//! | `RUNTIMEKIT_SLICE_MODES` | `Whole`, `TDM` or `MIG` per card |
-//! | `RUNTIMEKIT_GPU_CORE_LIMIT` | compute share in percent per card; `0` means no cap |
-//! | `RUNTIMEKIT_GPU_MEMORY_LIMIT_MIB` | memory cap in MiB per card; `0` means no cap |
-//! | `RUNTIMEKIT_RDMA_DEVICES` | the RDMA NICs' names |
-//! | `RUNTIMEKIT_ISOLATION_DIR` | the container's ledger folder, when it holds a TDM share |
-//! | `RUNTIMEKIT_MEASURED_DIR` | its read-only folder of measured shares, when it holds a TDM share |
-//! | `RUNTIMEKIT_GPU_CORE_POLICY` | `enforce` or `yield-idle`, the node's setting (lj-runtime's `corePolicy`) |
+//! What a container is given is `runtimekit_injection`'s description, the same the DRA driver
+//! writes into CDI specs; this module finds the container's grant in the allocation and writes
+//! what it gives into the OCI spec.
 
 use crate::config::RuntimeConfig;
-use crate::hardware::Hardware;
-use crate::isolation::{self, Enforcement};
 use runtimekit_contract::allocation::{Allocation, ContainerAllocation, annotation};
-use runtimekit_resource_layer::device_nodes::container_path;
+use runtimekit_injection::given::{Given, NotHere, VARIABLES};
+use runtimekit_injection::grant::{Grant, GrantedCard, Mode};
+use runtimekit_injection::hardware::Hardware;
 use serde_json::{Value, json};
 use std::path::Path;
 
@@ -34,19 +22,6 @@ const CONTAINER_TYPE: &str = "io.kubernetes.cri.container-type";
 const CONTAINER_NAME: &str = "io.kubernetes.cri.container-name";
 const POD_NAMESPACE: &str = "io.kubernetes.cri.sandbox-namespace";
 const POD_NAME: &str = "io.kubernetes.cri.sandbox-name";
-
-/// Every variable this sets, removed from the spec first.
-const VARIABLES: [&str; 9] = [
-    "RUNTIMEKIT_ISOLATION_DIR",
-    "RUNTIMEKIT_MEASURED_DIR",
-    "RUNTIMEKIT_GPU_CORE_POLICY",
-    "NVIDIA_VISIBLE_DEVICES",
-    "RUNTIMEKIT_VISIBLE_DEVICES",
-    "RUNTIMEKIT_SLICE_MODES",
-    "RUNTIMEKIT_GPU_CORE_LIMIT",
-    "RUNTIMEKIT_GPU_MEMORY_LIMIT_MIB",
-    "RUNTIMEKIT_RDMA_DEVICES",
-];
 
 /// Why a container cannot be given what its pod was allocated; the container fails with this.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -82,8 +57,8 @@ pub enum InjectError {
         node: String,
     },
     /// Something the allocation names is not on this node as it says.
-    #[error("{0}")]
-    Hardware(String),
+    #[error(transparent)]
+    Hardware(#[from] NotHere),
     /// The spec is not an OCI spec this can rewrite.
     #[error("the container's OCI spec cannot be rewritten: {0}")]
     Spec(String),
@@ -106,17 +81,45 @@ pub enum Plan {
 }
 
 impl Plan {
+    /// What the container holds: its part of the allocation, MIG instances keyed
+    /// `<namespace>/<GpuSlice>` as the node agent makes them; `None` when it holds nothing.
+    pub fn grant(&self) -> Result<Option<Grant>, InjectError> {
+        let Plan::Give { namespace, part } = self else {
+            return Ok(None);
+        };
+        let cards = part
+            .cards
+            .iter()
+            .map(|card| {
+                let mode = Mode::from_name(&card.mode).ok_or_else(|| {
+                    NotHere(format!(
+                        "card {} has an unknown mode {:?}",
+                        card.index, card.mode
+                    ))
+                })?;
+                Ok(GrantedCard {
+                    index: card.index,
+                    uuid: card.uuid.clone(),
+                    mode,
+                    core: card.core.map(u32::from),
+                    memory_mib: card.memory_mib,
+                    instance: (mode == Mode::Mig).then(|| format!("{namespace}/{}", card.slice)),
+                })
+            })
+            .collect::<Result<Vec<_>, NotHere>>()?;
+        Ok(Some(Grant {
+            cards,
+            nics: part.nics.clone(),
+        }))
+    }
+
     /// The MIG instance keys the container needs.
     pub fn instance_keys(&self) -> Vec<String> {
-        match self {
-            Plan::Give { namespace, part } => part
-                .cards
-                .iter()
-                .filter(|c| c.mode == "MIG")
-                .map(|c| format!("{namespace}/{}", c.slice))
-                .collect(),
-            _ => Vec::new(),
-        }
+        self.grant()
+            .ok()
+            .flatten()
+            .map(|g| g.instance_keys())
+            .unwrap_or_default()
     }
 }
 
@@ -170,113 +173,12 @@ pub fn plan(spec: &Value, config: &RuntimeConfig) -> Result<Plan, InjectError> {
 /// The type, major and minor of a device file.
 pub type Stat<'a> = &'a dyn Fn(&Path) -> Option<(char, u64, u64)>;
 
-/// What a plan gives, read from the hardware: device files and environment.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Given {
-    /// Host paths of the device files, in order, without repeats.
-    pub files: Vec<String>,
-    /// The folder they live under on the host (`/dev` in the container).
-    pub device_root: String,
-    /// Every device file of the node's cards, instances and NICs: any the spec already has
-    /// (the device plugin's, for the cards the kubelet's books picked) is taken out first.
-    pub known: Vec<String>,
-    /// Environment variables.
-    pub env: Vec<(String, String)>,
-    /// The isolation library and ledger, for a container holding a TDM share.
-    pub enforcement: Option<Enforcement>,
-}
-
 /// What `plan` gives on this hardware.
 pub fn given(plan: &Plan, hardware: &Hardware) -> Result<Given, InjectError> {
-    let mut given = Given {
-        device_root: hardware.device_root.clone(),
-        known: hardware.all_files(),
-        ..Given::default()
-    };
-    let Plan::Give { namespace, part } = plan else {
-        given
-            .env
-            .push(("NVIDIA_VISIBLE_DEVICES".into(), "void".into()));
-        return Ok(given);
-    };
-    let mut add = |files: &[String]| {
-        for file in files {
-            if !given.files.contains(file) {
-                given.files.push(file.clone());
-            }
-        }
-    };
-    let (mut visible, mut modes, mut cores, mut memory) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for card in &part.cards {
-        let files = hardware
-            .cards
-            .get(&card.uuid)
-            .ok_or_else(|| {
-                InjectError::Hardware(format!(
-                    "card {} ({}) of the allocation is not on this node",
-                    card.index, card.uuid
-                ))
-            })?
-            .clone();
-        if files.is_empty() {
-            return Err(InjectError::Hardware(format!(
-                "the resource layer reports no device file for card {} ({})",
-                card.index, card.uuid
-            )));
-        }
-        add(&files);
-        match card.mode.as_str() {
-            "MIG" => {
-                let key = format!("{namespace}/{}", card.slice);
-                let mig = hardware.instances.get(&key).ok_or_else(|| {
-                    InjectError::Hardware(format!(
-                        "MIG instance {key} on card {} does not exist (the node agent makes it for GpuSlice {})",
-                        card.index, card.slice
-                    ))
-                })?;
-                add(&mig.nodes);
-                visible.push(mig.uuid.clone());
-            }
-            "TDM" | "Whole" => visible.push(card.uuid.clone()),
-            other => {
-                return Err(InjectError::Hardware(format!(
-                    "card {} has an unknown mode {other:?}",
-                    card.index
-                )));
-            }
-        }
-        modes.push(card.mode.clone());
-        cores.push(card.core.map_or(0, u64::from).to_string());
-        memory.push(card.memory_mib.unwrap_or(0).to_string());
-    }
-    if !part.cards.is_empty() {
-        add(&hardware.control);
-    }
-    for nic in &part.nics {
-        match hardware.nics.get(nic) {
-            Some(files) if !files.is_empty() => add(files),
-            _ => {
-                return Err(InjectError::Hardware(format!(
-                    "RDMA NIC {nic} of the allocation has no device file on this node"
-                )));
-            }
-        }
-    }
-    let list = |v: &[String]| v.join(",");
-    given.env = vec![
-        ("NVIDIA_VISIBLE_DEVICES".into(), list(&visible)),
-        ("RUNTIMEKIT_VISIBLE_DEVICES".into(), list(&visible)),
-        ("RUNTIMEKIT_SLICE_MODES".into(), list(&modes)),
-        ("RUNTIMEKIT_GPU_CORE_LIMIT".into(), list(&cores)),
-        ("RUNTIMEKIT_GPU_MEMORY_LIMIT_MIB".into(), list(&memory)),
-    ];
-    if !part.nics.is_empty() {
-        given
-            .env
-            .push(("RUNTIMEKIT_RDMA_DEVICES".into(), list(&part.nics)));
-    }
-    Ok(given)
+    Ok(runtimekit_injection::given::given(
+        plan.grant()?.as_ref(),
+        hardware,
+    )?)
 }
 
 /// Writes what is given into `spec`: the device files (created in the container and allowed
@@ -288,7 +190,7 @@ pub fn apply(spec: &mut Value, given: &Given, stat: Stat<'_>) -> Result<(), Inje
         .iter()
         .filter_map(|file| {
             let (_, major, minor) = stat(Path::new(file))?;
-            Some((container_path(file, &given.device_root), major, minor))
+            Some((given.container_path(file), major, minor))
         })
         .collect();
     if let Some(linux) = spec.get_mut("linux") {
@@ -318,10 +220,12 @@ pub fn apply(spec: &mut Value, given: &Given, stat: Stat<'_>) -> Result<(), Inje
     let mut rules = Vec::new();
     for file in &given.files {
         let (kind, major, minor) = stat(Path::new(file)).ok_or_else(|| {
-            InjectError::Hardware(format!("device file {file} is missing on this node"))
+            InjectError::Hardware(NotHere(format!(
+                "device file {file} is missing on this node"
+            )))
         })?;
         devices.push(json!({
-            "path": container_path(file, &given.device_root), "type": kind.to_string(),
+            "path": given.container_path(file), "type": kind.to_string(),
             "major": major, "minor": minor, "fileMode": 0o666, "uid": 0, "gid": 0,
         }));
         rules.push(json!({"allow": true, "type": kind.to_string(), "major": major, "minor": minor, "access": "rwm"}));
@@ -344,21 +248,18 @@ pub fn apply(spec: &mut Value, given: &Given, stat: Stat<'_>) -> Result<(), Inje
             .and_then(|e| e.split_once('='))
             .is_none_or(|(name, _)| !VARIABLES.contains(&name))
     });
-    env.extend(given.env.iter().map(|(k, v)| json!(format!("{k}={v}"))));
-    if let Some(enforcement) = &given.enforcement {
-        env.push(json!(format!(
-            "RUNTIMEKIT_ISOLATION_DIR={}",
-            isolation::LEDGER
-        )));
-        env.push(json!(format!(
-            "RUNTIMEKIT_MEASURED_DIR={}",
-            isolation::MEASURED
-        )));
-        env.push(json!(format!(
-            "RUNTIMEKIT_GPU_CORE_POLICY={}",
-            enforcement.core_policy
-        )));
-        let given_mounts = isolation::mounts(enforcement);
+    env.extend(
+        given
+            .environment()
+            .iter()
+            .map(|(k, v)| json!(format!("{k}={v}"))),
+    );
+    let given_mounts: Vec<Value> = given
+        .mounts()
+        .into_iter()
+        .map(|m| json!({"destination": m.destination, "type": "bind", "source": m.source, "options": m.options}))
+        .collect();
+    if !given_mounts.is_empty() {
         let mounts = object
             .entry("mounts")
             .or_insert_with(|| json!([]))
@@ -400,7 +301,8 @@ pub fn apply(spec: &mut Value, given: &Given, stat: Stat<'_>) -> Result<(), Inje
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hardware::MigDevice;
+    use runtimekit_injection::hardware::MigDevice;
+    use runtimekit_injection::isolation::{self, Enforcement};
 
     fn spec(allocation: Option<&str>, container: &str) -> Value {
         let mut annotations = json!({
@@ -550,10 +452,11 @@ mod tests {
             "RUNTIMEKIT_MEASURED_DIR=/tmp/mine"
         ]);
         let plan = plan(&spec, &config()).expect("plan");
-        let Plan::Give { part, .. } = &plan else {
-            panic!("a TDM container gets its part");
-        };
-        assert!(isolation::needed(part));
+        let grant = plan
+            .grant()
+            .expect("grant")
+            .expect("a TDM container gets its part");
+        assert!(grant.needs_enforcing());
         let mut given = given(&plan, &hardware()).expect("given");
         given.enforcement = Some(Enforcement {
             library: "/opt/lib.so".into(),

@@ -5,14 +5,13 @@
 //! then, for every command, execs runc with the arguments it was given.
 //!
 //! A container holding a time-division share is also given the isolation library, preloaded,
-//! and a ledger folder of its own (`isolation`).
+//! and a ledger folder of its own (`runtimekit_injection::isolation`).
 //!
 //! `args` finds the command, the bundle and the container ID in runc's command line, `config` is
-//! the runtime's own settings, `hardware` what the node's resource layer says about its device
+//! the runtime's own settings, `hardware` asks the node's resource layer about its device
 //! files, and `inject` the rewrite of the spec itself, without I/O.
 
 pub mod args;
 pub mod config;
 pub mod hardware;
 pub mod inject;
-pub mod isolation;

@@ -2,11 +2,12 @@
 //! create that cannot give the container what its pod was allocated fails with a message the
 //! shim reports (the runtime log's last error), which `kubectl describe pod` then shows.
 
+use runtimekit_injection::hardware::Hardware;
+use runtimekit_injection::isolation::{self, Enforcement};
 use runtimekit_lj_runtime::args::RuncArgs;
 use runtimekit_lj_runtime::config::{DEFAULT_PATH, RuntimeConfig};
-use runtimekit_lj_runtime::hardware::Hardware;
+use runtimekit_lj_runtime::hardware;
 use runtimekit_lj_runtime::inject::{self, Plan};
-use runtimekit_lj_runtime::isolation::{self, Enforcement};
 use std::ffi::CString;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
@@ -66,8 +67,10 @@ fn prepare(runc: &RuncArgs, config: &RuntimeConfig) -> Result<(), String> {
         Plan::Give { .. } => inject::given(&plan, &hardware_for(&plan, config)?),
     }
     .map_err(|e| e.to_string())?;
-    if let Plan::Give { part, .. } = &plan
-        && isolation::needed(part)
+    if plan
+        .grant()
+        .map_err(|e| e.to_string())?
+        .is_some_and(|g| g.needs_enforcing())
     {
         given.enforcement = Some(enforcement(runc, config, &bundle, &spec)?);
     }
@@ -154,7 +157,7 @@ fn hardware_for(plan: &Plan, config: &RuntimeConfig) -> Result<Hardware, String>
     let keys = plan.instance_keys();
     let deadline = Instant::now() + config.instance_wait();
     loop {
-        let hardware = runtime.block_on(Hardware::query(&config.resource_layer_socket))?;
+        let hardware = runtime.block_on(hardware::query(&config.resource_layer_socket))?;
         if keys.iter().all(|k| hardware.instances.contains_key(k)) || Instant::now() > deadline {
             return Ok(hardware);
         }

@@ -3,11 +3,8 @@
 //! `/etc/ld.so.preload` (which the dynamic linker reads for every process, also one started
 //! with a cleared environment), a folder of its own for the memory ledger its processes
 //! share, and a read-only one for the measured shares of SM time its launch gates steer by.
-//! The files live on the host under the container's ID; this module says where they go
-//! in the container, without I/O.
-
-use runtimekit_contract::allocation::ContainerAllocation;
-use serde_json::{Value, json};
+//! The files live on the host (under the container's ID for `lj-runtime`, under the claim for
+//! the DRA driver); this module says where they go in the container, without I/O.
 
 /// Where the library is in the container.
 pub const LIBRARY: &str = "/usr/local/lib/runtimekit/libruntimekit_isolation.so";
@@ -33,10 +30,15 @@ pub struct Enforcement {
     pub core_policy: &'static str,
 }
 
-/// Whether a container's part of the allocation needs enforcing: it holds a time-division
-/// share (whole cards and MIG instances are bounded by the hardware).
-pub fn needed(part: &ContainerAllocation) -> bool {
-    part.cards.iter().any(|c| c.mode == "TDM")
+/// A bind mount into the container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mount {
+    /// The host path.
+    pub source: String,
+    /// Where it appears in the container.
+    pub destination: String,
+    /// The mount options (`rbind` and the rest).
+    pub options: Vec<&'static str>,
 }
 
 /// The container's preload list: the image's own entries (`image`, its `/etc/ld.so.preload`),
@@ -51,19 +53,43 @@ pub fn preload_list(image: &str) -> String {
 }
 
 /// The bind mounts that give the container what `enforcement` names.
-pub fn mounts(enforcement: &Enforcement) -> Vec<Value> {
-    let read_only = json!(["rbind", "ro", "nosuid", "nodev"]);
+pub fn mounts(enforcement: &Enforcement) -> Vec<Mount> {
+    let read_only = vec!["rbind", "ro", "nosuid", "nodev"];
+    let mount = |source: &str, destination: &str, options: Vec<&'static str>| Mount {
+        source: source.to_owned(),
+        destination: destination.to_owned(),
+        options,
+    };
     vec![
-        json!({"destination": LIBRARY, "type": "bind", "source": enforcement.library, "options": read_only}),
-        json!({"destination": PRELOAD, "type": "bind", "source": enforcement.preload, "options": read_only}),
-        json!({"destination": LEDGER, "type": "bind", "source": enforcement.ledger,
-               "options": ["rbind", "rw", "nosuid", "nodev", "noexec"]}),
-        json!({"destination": MEASURED, "type": "bind", "source": enforcement.measured,
-               "options": ["rbind", "ro", "nosuid", "nodev", "noexec"]}),
+        mount(&enforcement.library, LIBRARY, read_only.clone()),
+        mount(&enforcement.preload, PRELOAD, read_only),
+        mount(
+            &enforcement.ledger,
+            LEDGER,
+            vec!["rbind", "rw", "nosuid", "nodev", "noexec"],
+        ),
+        mount(
+            &enforcement.measured,
+            MEASURED,
+            vec!["rbind", "ro", "nosuid", "nodev", "noexec"],
+        ),
     ]
 }
 
-/// Whether a container ID can name a folder (containerd's are hex; nothing with a path in it).
+/// The variables that point the library at its folders and the node's policy.
+pub fn environment(enforcement: &Enforcement) -> Vec<(String, String)> {
+    vec![
+        ("RUNTIMEKIT_ISOLATION_DIR".into(), LEDGER.into()),
+        ("RUNTIMEKIT_MEASURED_DIR".into(), MEASURED.into()),
+        (
+            "RUNTIMEKIT_GPU_CORE_POLICY".into(),
+            enforcement.core_policy.into(),
+        ),
+    ]
+}
+
+/// Whether an ID can name a folder (containerd's are hex, claims' UIDs hex and dashes; nothing
+/// with a path in it).
 pub fn usable_id(id: &str) -> bool {
     !id.is_empty()
         && id != "."
@@ -76,27 +102,6 @@ pub fn usable_id(id: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use runtimekit_contract::allocation::AllocatedCard;
-
-    fn card(mode: &str) -> AllocatedCard {
-        AllocatedCard {
-            mode: mode.into(),
-            ..AllocatedCard::default()
-        }
-    }
-
-    #[test]
-    fn only_time_division_shares_are_enforced() {
-        let part = |modes: &[&str]| ContainerAllocation {
-            name: "app".into(),
-            cards: modes.iter().map(|m| card(m)).collect(),
-            nics: vec![],
-        };
-        assert!(needed(&part(&["TDM"])));
-        assert!(needed(&part(&["Whole", "TDM"])));
-        assert!(!needed(&part(&["Whole", "MIG"])));
-        assert!(!needed(&part(&[])));
-    }
 
     #[test]
     fn the_images_preloads_stay_and_the_library_is_listed_once() {
@@ -110,8 +115,31 @@ mod tests {
     #[test]
     fn ids_with_paths_in_them_are_refused() {
         assert!(usable_id("3f9a0c1e77"));
+        assert!(usable_id("claim-0b1c-22"));
         for id in ["", ".", "..", "a/b", "../x"] {
             assert!(!usable_id(id), "{id}");
         }
+    }
+
+    #[test]
+    fn the_measurements_are_read_only_and_the_ledger_writable() {
+        let enforcement = Enforcement {
+            library: "/opt/lib.so".into(),
+            preload: "/run/iso/c1/ld.so.preload".into(),
+            ledger: "/run/iso/c1/ledger".into(),
+            measured: "/run/iso/c1/measured".into(),
+            core_policy: "enforce",
+        };
+        let mounts = mounts(&enforcement);
+        let options = |at: &str| {
+            mounts
+                .iter()
+                .find(|m| m.destination == at)
+                .map(|m| m.options.clone())
+                .unwrap_or_default()
+        };
+        assert!(options(MEASURED).contains(&"ro"));
+        assert!(options(LEDGER).contains(&"rw"));
+        assert!(options(LIBRARY).contains(&"ro"));
     }
 }
