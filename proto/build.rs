@@ -1,13 +1,14 @@
 //! Compiles the protos in pure Rust (protox), so no system `protoc` is needed.
 //!
 //! Each package goes to its own output folder and Rust module: the kubelet's device-plugin
-//! (`v1beta1`) and pod-resources (`v1`) packages have short names that must not meet.
+//! (`v1beta1`), pod-resources (`v1`), DRA and plugin-registration packages have names that
+//! must not meet.
 
 use std::error::Error;
 use std::path::{Path, PathBuf};
 
 /// (output folder under OUT_DIR, proto file, include root)
-const PACKAGES: [(&str, &str, &str); 3] = [
+const PACKAGES: [(&str, &str, &str); 5] = [
     (
         "resource",
         "runtimekit/resource/v1alpha1/resource.proto",
@@ -15,6 +16,12 @@ const PACKAGES: [(&str, &str, &str); 3] = [
     ),
     ("deviceplugin", "api.proto", "kubelet/deviceplugin/v1beta1"),
     ("podresources", "api.proto", "kubelet/podresources/v1"),
+    ("dra", "api.proto", "kubelet/dra/v1"),
+    (
+        "pluginregistration",
+        "api.proto",
+        "kubelet/pluginregistration/v1",
+    ),
 ];
 
 fn main() -> Result<(), Box<dyn Error>> {

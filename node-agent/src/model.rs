@@ -227,6 +227,8 @@ pub struct PreparedDevice {
     pub claim: String,
     /// The claim's UID.
     pub claim_uid: String,
+    /// The request it was allocated for (without a subrequest).
+    pub request: String,
     /// The device's name in the pool.
     pub device: String,
     /// The card it is on (none for a NIC).
@@ -235,6 +237,10 @@ pub struct PreparedDevice {
     pub mode: Option<SliceMode>,
     /// The resource-layer instance made for it (a share or a MIG instance).
     pub instance_key: Option<String>,
+    /// A share's compute percent.
+    pub core: Option<u32>,
+    /// A share's memory cap in MiB.
+    pub memory_mib: Option<u64>,
 }
 
 impl NodeState {

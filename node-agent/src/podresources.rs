@@ -164,6 +164,7 @@ mod tests {
                 ],
                 ..Default::default()
             }],
+            ..Default::default()
         };
         let whole = ["aliyun.com/gpu".into(), "nvidia.com/gpu".into()];
         let own = BTreeSet::from(["ns/ours".to_owned()]);

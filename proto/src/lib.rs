@@ -4,10 +4,15 @@
 //! - [`resource::v1alpha1`]: the resource-layer API (`runtimekit.resource.v1alpha1`), served
 //!   by `runtimekit-resource-layer` on a unix socket: devices and topology, TDM and MIG
 //!   instances, metrics, health events, and fault injection for the simulated backend.
-//! - [`deviceplugin::v1beta1`]: the kubelet device-plugin API, verbatim from Kubernetes 1.34
+//! - [`deviceplugin::v1beta1`]: the kubelet device-plugin API, verbatim from Kubernetes 1.37
 //!   (`k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1/api.proto`).
-//! - [`podresources::v1`]: the kubelet pod-resources API, verbatim from Kubernetes 1.34
+//! - [`podresources::v1`]: the kubelet pod-resources API, verbatim from Kubernetes 1.37
 //!   (`k8s.io/kubelet/pkg/apis/podresources/v1/api.proto`).
+//! - [`dra::v1`]: the kubelet's DRA plugin API (`NodePrepareResources`,
+//!   `NodeUnprepareResources`), verbatim from Kubernetes 1.37
+//!   (`k8s.io/kubelet/pkg/apis/dra/v1/api.proto`); 1.35 speaks it too.
+//! - [`pluginregistration`]: the kubelet's plugin-registration API, verbatim from Kubernetes
+//!   1.37 (`k8s.io/kubelet/pkg/apis/pluginregistration/v1/api.proto`).
 //!
 //! Each module has both the client and the server side.
 
@@ -53,6 +58,45 @@ pub mod deviceplugin {
         /// The kubelet's registration socket.
         pub const KUBELET_SOCKET: &str = "/var/lib/kubelet/device-plugins/kubelet.sock";
     }
+}
+
+/// The kubelet's DRA plugin API.
+pub mod dra {
+    /// Version `v1`, served by the kubelet since 1.34.
+    #[allow(
+        missing_debug_implementations,
+        unused_qualifications,
+        clippy::all,
+        clippy::unwrap_used,
+        clippy::panic
+    )]
+    pub mod v1 {
+        include!(concat!(
+            env!("OUT_DIR"),
+            "/dra/k8s.io.kubelet.pkg.apis.dra.v1.rs"
+        ));
+
+        /// The service name a plugin names among its supported versions.
+        pub const SERVICE: &str = "v1.DRAPlugin";
+    }
+}
+
+/// The kubelet's plugin-registration API (its package is `pluginregistration`, with no version).
+#[allow(
+    missing_debug_implementations,
+    unused_qualifications,
+    clippy::all,
+    clippy::unwrap_used,
+    clippy::panic
+)]
+pub mod pluginregistration {
+    include!(concat!(
+        env!("OUT_DIR"),
+        "/pluginregistration/pluginregistration.rs"
+    ));
+
+    /// `PluginInfo.type` of a DRA plugin.
+    pub const DRA_PLUGIN: &str = "DRAPlugin";
 }
 
 /// The kubelet pod-resources API.
@@ -125,9 +169,9 @@ mod tests {
     }
 
     #[test]
-    fn pod_resources_have_the_1_34_fields() {
-        // Kubernetes 1.34: ContainerResources.dynamic_resources is field 5, ClaimResource ends
-        // at device_name (4); share_id arrives in 1.35.
+    fn pod_resources_have_the_1_37_fields() {
+        // ContainerResources.dynamic_resources is field 5; ClaimResource.device_name field 4
+        // (share_id, 5, arrived in 1.35).
         let container = podresources::v1::ContainerResources {
             dynamic_resources: vec![podresources::v1::DynamicResource::default()],
             ..Default::default()

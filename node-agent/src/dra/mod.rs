@@ -4,8 +4,10 @@
 //!
 //! - [`names`]: the driver's, devices', counters', attributes' and capacities' names;
 //! - [`pool`]: what the node offers, from what the agent knows (pure);
-//! - [`publisher`]: keeps the pool's ResourceSlices equal to it.
+//! - [`publisher`]: keeps the pool's ResourceSlices equal to it;
+//! - [`claims`]: what an allocated claim asks of the node, checked against what it holds (pure).
 
+pub mod claims;
 pub mod names;
 pub mod pool;
 pub mod publisher;

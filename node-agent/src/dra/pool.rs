@@ -726,14 +726,17 @@ mod tests {
             .and_then(|i| i.devices.get_mut(&3))
             .expect("card 3");
         card.instances.retain(|i| i.key == "ns/a");
-        card.instances[0].key = "dra:uid-1:gpu-3-mig-3g40gb-4".into();
+        card.instances[0].key = "dra:uid-1:mig:gpu-3-mig-3g40gb-4".into();
         state.prepared = vec![PreparedDevice {
             claim: "ns/c".into(),
             claim_uid: "uid-1".into(),
+            request: "mig".into(),
             device: "gpu-3-mig-3g40gb-4".into(),
             card: Some(3),
             mode: Some(SliceMode::Mig),
-            instance_key: Some("dra:uid-1:gpu-3-mig-3g40gb-4".into()),
+            instance_key: Some("dra:uid-1:mig:gpu-3-mig-3g40gb-4".into()),
+            core: None,
+            memory_mib: None,
         }];
         let pool = publish(&state, &[], true);
         assert!(names(&pool).contains(&"gpu-3-mig-3g40gb-4".to_owned()));

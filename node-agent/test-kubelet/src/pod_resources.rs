@@ -37,6 +37,7 @@ impl PodResourcesService {
             name: pod.name.clone(),
             namespace: pod.namespace.clone(),
             containers,
+            ..Default::default()
         }
     }
 }
