@@ -136,8 +136,9 @@ pub struct CardStatus {
     /// MIG instances that exist on the card now.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mig_instances: Vec<MigInstanceStatus>,
-    /// Pods (`namespace/name`) the kubelet gave this card whole that no GpuSlice places on it:
-    /// pods of another scheduler. The runtimekit scheduler never picks a card held so.
+    /// What holds this card outside the kit's ledger: pods (`namespace/name`) of another
+    /// scheduler the kubelet gave it whole, and ResourceClaims prepared on it
+    /// (`resourceclaim/namespace/name`). The runtimekit scheduler never picks a card held so.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub held_by: Vec<String>,
 }

@@ -271,7 +271,7 @@ impl NodeState {
     }
 
     /// Why a card may not be given whole to a pod the kubelet admits (empty when it may):
-    /// it is unhealthy, in MIG mode, or holds slices or instances.
+    /// it is unhealthy, in MIG mode, or holds slices, instances or claims.
     pub fn whole_card_blockers(&self, device: &pb::Device) -> Vec<String> {
         let mut blockers = Vec::new();
         if !self.healthy(device) {
@@ -309,7 +309,25 @@ impl NodeState {
         if !instances.is_empty() {
             blockers.push(format!("it holds instances ({})", instances.join(", ")));
         }
+        let claims = self.claims_holding(device.index);
+        if !claims.is_empty() {
+            blockers.push(format!(
+                "it is prepared for ResourceClaims ({})",
+                claims.join(", ")
+            ));
+        }
         blockers
+    }
+
+    /// The claims (`<namespace>/<name>`) that hold a card: every prepared device on it except
+    /// those given for monitoring only (`adminAccess`).
+    pub fn claims_holding(&self, card: u32) -> Vec<String> {
+        let held: BTreeSet<&str> = self
+            .prepared_on(card)
+            .filter(|p| p.mode.is_some())
+            .map(|p| p.claim.as_str())
+            .collect();
+        held.into_iter().map(str::to_owned).collect()
     }
 }
 

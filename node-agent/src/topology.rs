@@ -108,11 +108,16 @@ pub fn card_status(state: &NodeState, device: &pb::Device, paths: &[pb::DevicePa
     }
 }
 
-/// The pods the kubelet gave card `index` whole that no GpuSlice places on it: pods of another
-/// scheduler, whose card the runtimekit scheduler must never pick.
+/// What holds card `index` outside the kit's ledger, so the runtimekit scheduler never picks
+/// it: pods of another scheduler the kubelet gave it whole (no GpuSlice places them there), and
+/// ResourceClaims prepared on it (`resourceclaim/<namespace>/<name>`).
 pub fn held_outside(state: &NodeState, index: u32) -> Vec<String> {
+    let claims = state
+        .claims_holding(index)
+        .into_iter()
+        .map(|claim| format!("{CLAIM_HOLDER}{claim}"));
     let Some(holders) = state.held_whole.get(&index) else {
-        return Vec::new();
+        return claims.collect();
     };
     let mut pods: Vec<String> = holders
         .iter()
@@ -126,8 +131,12 @@ pub fn held_outside(state: &NodeState, index: u32) -> Vec<String> {
         .collect();
     pods.sort();
     pods.dedup();
+    pods.extend(claims);
     pods
 }
+
+/// How a claim holding a card is named among its holders.
+pub const CLAIM_HOLDER: &str = "resourceclaim/";
 
 /// One NIC's status.
 pub fn nic_status(nic: &pb::Nic) -> NicStatus {
@@ -140,7 +149,7 @@ pub fn nic_status(nic: &pb::Nic) -> NicStatus {
 }
 
 /// The cards that are not free: something is enacted on them (an instance exists, or a slice is
-/// being created, ready or released), or the kubelet gave them whole to a pod.
+/// being created, ready or released), the kubelet gave them whole to a pod, or a claim holds them.
 pub fn busy_cards(state: &NodeState) -> BTreeSet<u32> {
     let mut busy: BTreeSet<u32> = state
         .slices
@@ -158,6 +167,13 @@ pub fn busy_cards(state: &NodeState) -> BTreeSet<u32> {
         );
     }
     busy.extend(state.held_whole.keys().copied());
+    busy.extend(
+        state
+            .prepared
+            .iter()
+            .filter(|p| p.mode.is_some())
+            .filter_map(|p| p.card),
+    );
     busy
 }
 

@@ -108,6 +108,18 @@ pub fn decide(slice: &SliceInfo, has_finalizer: bool, state: &NodeState) -> Deci
             };
         }
     }
+    // A Ready slice was first: the DRA plugin refuses its card, so a claim never displaces it.
+    let claims = state.claims_holding(slice.card);
+    if !claims.is_empty() && slice.phase != Some(SlicePhase::Ready) {
+        return Decision::Fail {
+            reason: "CardHeldByClaim",
+            message: format!(
+                "card {} is prepared for ResourceClaims ({}); a card serves one allocator at a time",
+                slice.card,
+                claims.join(", ")
+            ),
+        };
+    }
     let key = slice.key();
     let instance = inventory.instances().find(|i| i.key == key).cloned();
     match slice.mode {
@@ -496,6 +508,50 @@ mod tests {
             }
         ));
         assert!(!permanent("CallHang") && permanent("IllegalPlacement"));
+    }
+
+    #[test]
+    fn a_card_prepared_for_a_claim_takes_no_slice() {
+        let mut state = four_cards();
+        let prepared = |mode| crate::model::PreparedDevice {
+            claim: "team/train".into(),
+            claim_uid: "u1".into(),
+            request: "gpu".into(),
+            device: "gpu-1".into(),
+            card: Some(1),
+            mode,
+            instance_key: None,
+            core: None,
+            memory_mib: None,
+        };
+        // Given for monitoring only, the card stays the kit's.
+        state.prepared.push(prepared(None));
+        let bound = slice("t", 1, SliceMode::Tdm, SlicePhase::Bound);
+        assert!(!matches!(
+            decide(&bound, true, &state),
+            Decision::Fail { .. }
+        ));
+        state.prepared.push(prepared(Some(SliceMode::Whole)));
+        match decide(&bound, true, &state) {
+            Decision::Fail { reason, message } => {
+                assert_eq!(reason, "CardHeldByClaim");
+                assert!(message.contains("team/train"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // A slice Ready before the claim came is left running.
+        let ready = slice("t", 1, SliceMode::Tdm, SlicePhase::Ready);
+        assert!(!matches!(
+            decide(&ready, true, &state),
+            Decision::Fail { .. }
+        ));
+        let device = &state.inventory.as_ref().expect("inventory").devices[&1];
+        assert!(
+            state
+                .whole_card_blockers(device)
+                .iter()
+                .any(|b| b.contains("ResourceClaims (team/train)"))
+        );
     }
 
     #[test]

@@ -14,7 +14,7 @@ pub mod decide;
 
 use crate::health::FaultState;
 use crate::layer::InventoryRefresher;
-use crate::model::{Inventory, NodeState, SliceInfo, WholeHolder};
+use crate::model::{Inventory, NodeState, PreparedDevice, SliceInfo, WholeHolder};
 use crate::task::AbortOnDrop;
 use decide::{Decision, Orphan};
 use futures::StreamExt;
@@ -578,6 +578,7 @@ struct Relevant {
     inventory: Option<Inventory>,
     faults: FaultState,
     held_whole: BTreeMap<u32, Vec<WholeHolder>>,
+    prepared: Vec<PreparedDevice>,
 }
 
 impl Relevant {
@@ -586,6 +587,7 @@ impl Relevant {
             inventory: state.inventory.clone(),
             faults: state.faults.clone(),
             held_whole: state.held_whole.clone(),
+            prepared: state.prepared.clone(),
         }
     }
 }
