@@ -7,9 +7,11 @@
 //! - [`hardware`]: the node's device files, as the resource layer lists them;
 //! - [`given`]: what a grant gives on that hardware (device files, environment, the isolation
 //!   library's mounts);
-//! - [`isolation`]: where the isolation library and its folders go in a container.
+//! - [`isolation`]: where the isolation library and its folders go in a container;
+//! - [`host`]: what both paths do on the host (device numbers, the isolation folder).
 
 pub mod given;
 pub mod grant;
 pub mod hardware;
+pub mod host;
 pub mod isolation;

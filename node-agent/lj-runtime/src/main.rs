@@ -3,13 +3,13 @@
 //! shim reports (the runtime log's last error), which `kubectl describe pod` then shows.
 
 use runtimekit_injection::hardware::Hardware;
+use runtimekit_injection::host::{self, IsolationFolder};
 use runtimekit_injection::isolation::{self, Enforcement};
 use runtimekit_lj_runtime::args::RuncArgs;
 use runtimekit_lj_runtime::config::{DEFAULT_PATH, RuntimeConfig};
 use runtimekit_lj_runtime::hardware;
 use runtimekit_lj_runtime::inject::{self, Plan};
 use std::ffi::CString;
-use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -74,7 +74,7 @@ fn prepare(runc: &RuncArgs, config: &RuntimeConfig) -> Result<(), String> {
     {
         given.enforcement = Some(enforcement(runc, config, &bundle, &spec)?);
     }
-    inject::apply(&mut spec, &given, &stat).map_err(|e| e.to_string())?;
+    inject::apply(&mut spec, &given, &host::stat).map_err(|e| e.to_string())?;
     let written = bundle.join("config.json.lj-runtime");
     std::fs::write(&written, spec.to_string())
         .and_then(|()| std::fs::rename(&written, &file))
@@ -91,48 +91,24 @@ fn state_folder(runc: &RuncArgs, config: &RuntimeConfig) -> Result<PathBuf, Stri
     }
 }
 
-/// Makes the container's ledger and measurements folders and preload list (the image's own entries kept) on the
-/// host. A container that must be held to its caps is not started without the library.
+/// Makes the container's isolation folder (the image's own preload entries kept) on the host.
 fn enforcement(
     runc: &RuncArgs,
     config: &RuntimeConfig,
     bundle: &Path,
     spec: &serde_json::Value,
 ) -> Result<Enforcement, String> {
-    use std::os::unix::fs::PermissionsExt;
-    let library = &config.isolation_library;
-    if !library.is_file() {
-        return Err(format!(
-            "the isolation library {} is missing on this node, so the container's GPU memory cap could not be enforced (install it beside lj-runtime, or set isolationLibrary in the lj-runtime settings)",
-            library.display()
-        ));
-    }
-    let folder = state_folder(runc, config)?;
-    let ledger = folder.join(runtimekit_isolation_files::LEDGER_FOLDER);
-    std::fs::create_dir_all(&ledger)
-        // The container's processes may run as any user: all of them share the ledger.
-        .and_then(|()| std::fs::set_permissions(&ledger, std::fs::Permissions::from_mode(0o777)))
-        .map_err(|e| format!("making {}: {e}", ledger.display()))?;
-    // Root's, and read-only in the container: only the meter writes there.
-    let measured = folder.join(runtimekit_isolation_files::MEASURED_FOLDER);
-    std::fs::create_dir_all(&measured)
-        .and_then(|()| std::fs::set_permissions(&measured, std::fs::Permissions::from_mode(0o755)))
-        .map_err(|e| format!("making {}: {e}", measured.display()))?;
     let root = spec
         .get("root")
         .and_then(|r| r.get("path"))
         .and_then(serde_json::Value::as_str)
         .unwrap_or("rootfs");
-    let image_list =
+    let image_preload =
         std::fs::read_to_string(bundle.join(root).join("etc/ld.so.preload")).unwrap_or_default();
-    let preload = folder.join("ld.so.preload");
-    std::fs::write(&preload, isolation::preload_list(&image_list))
-        .map_err(|e| format!("writing {}: {e}", preload.display()))?;
-    Ok(Enforcement {
-        library: library.display().to_string(),
-        preload: preload.display().to_string(),
-        ledger: ledger.display().to_string(),
-        measured: measured.display().to_string(),
+    host::make_isolation_folder(&IsolationFolder {
+        library: &config.isolation_library,
+        folder: state_folder(runc, config)?,
+        image_preload: &image_preload,
         core_policy: config.core_policy.variable(),
     })
 }
@@ -163,26 +139,6 @@ fn hardware_for(plan: &Plan, config: &RuntimeConfig) -> Result<Hardware, String>
         }
         std::thread::sleep(Duration::from_millis(250));
     }
-}
-
-/// The type, major and minor of a device file.
-fn stat(path: &Path) -> Option<(char, u64, u64)> {
-    use std::os::unix::fs::MetadataExt;
-    let metadata = std::fs::metadata(path).ok()?;
-    let kind = metadata.file_type();
-    let letter = if kind.is_char_device() {
-        'c'
-    } else if kind.is_block_device() {
-        'b'
-    } else {
-        return None;
-    };
-    let rdev = metadata.rdev();
-    Some((
-        letter,
-        nix::sys::stat::major(rdev),
-        nix::sys::stat::minor(rdev),
-    ))
 }
 
 /// Reports `message` where the shim looks (the runtime log, as runc writes its errors) and on
