@@ -197,6 +197,7 @@ impl RuntimeKitConfig {
             tdm_switch_label: format!("{p}/tdm-enabled"),
             mig_switch_label: format!("{p}/mig-enabled"),
             exporter_switch_label: format!("{p}/exporter-enabled"),
+            device_api_label: format!("{p}/device-api"),
         }
     }
 }
@@ -232,7 +233,14 @@ pub struct ResourceNames {
     /// The node label that switches the node agent's exporter off when `false`
     /// (`aliyun.com/exporter-enabled`).
     pub exporter_switch_label: String,
+    /// The node label that moves the node's whole cards from the device plugin to DRA when
+    /// [`DEVICE_API_DRA`] (`aliyun.com/device-api`).
+    pub device_api_label: String,
 }
+
+/// The value of the device-API label that has the node's cards published as ResourceSlices
+/// and prepared by the DRA driver instead of the whole-card device plugin.
+pub const DEVICE_API_DRA: &str = "dra";
 
 /// The value of a node switch label that switches its function off on the node.
 pub const SWITCHED_OFF: &str = "false";
@@ -311,6 +319,7 @@ mod tests {
         assert_eq!(names.tdm_switch_label, "example.org/tdm-enabled");
         assert_eq!(names.mig_switch_label, "example.org/mig-enabled");
         assert_eq!(names.exporter_switch_label, "example.org/exporter-enabled");
+        assert_eq!(names.device_api_label, "example.org/device-api");
         assert!(serde_yaml::from_str::<RuntimeKitConfig>("features:\n  tdm: maybe\n").is_err());
         assert!(serde_yaml::from_str::<RuntimeKitConfig>("features:\n  topolgy: false\n").is_err());
     }

@@ -52,6 +52,25 @@ fn k8s_family() -> Result<String> {
     Ok(family)
 }
 
+/// The DRA features the kit uses that are beta (on by default) from 1.36 and alpha on 1.35:
+/// partitionable devices (MIG placements on counters), consumable capacity (time-division
+/// shares), extended resources backed by DeviceClasses, and device taints (faulted cards).
+const ALPHA_ON_1_35: [&str; 4] = [
+    "DRAPartitionableDevices",
+    "DRAConsumableCapacity",
+    "DRAExtendedResource",
+    "DRADeviceTaints",
+];
+
+/// The feature gates every component of the release `RUNTIMEKIT_K8S` names gets, as
+/// `--feature-gates` writes them (empty: the release's defaults).
+pub fn feature_gates() -> Vec<String> {
+    match std::env::var(RELEASE_VARIABLE).ok().as_deref() {
+        Some("1.35") => ALPHA_ON_1_35.iter().map(|g| format!("{g}=true")).collect(),
+        _ => Vec::new(),
+    }
+}
+
 /// The repository root.
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -1,6 +1,7 @@
 //! Wires the agent's tasks together and runs them until a signal.
 
 use crate::deviceplugin::DevicePlugins;
+use crate::dra;
 use crate::enactor::Enactor;
 use crate::exporter::{self, Exporter, Snapshot};
 use crate::layer::{InventoryRefresher, Layer, LayerError, Source, watch_health};
@@ -12,6 +13,7 @@ use kube::Client;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::events::{Recorder, Reporter as EventReporter};
 use runtimekit_contract::RuntimeKitConfig;
+use runtimekit_lj_runtime::config::RuntimeConfig;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -54,6 +56,24 @@ pub struct Options {
     pub metrics_interval: Duration,
     /// Where processes' cgroups are read.
     pub proc_root: PathBuf,
+    /// Where the DRA driver keeps its files (used when the node is moved to DRA).
+    pub dra: DraPaths,
+}
+
+/// Where the DRA driver's files go.
+#[derive(Debug, Clone)]
+pub struct DraPaths {
+    /// The kubelet's plugin-registration folder.
+    pub registry_dir: PathBuf,
+    /// The kubelet's plugins folder (the driver's socket goes in `<driver>/` under it).
+    pub plugins_dir: PathBuf,
+    /// The container runtime's CDI folder.
+    pub cdi_dir: PathBuf,
+    /// The checkpoint of prepared claims.
+    pub checkpoint: PathBuf,
+    /// lj-runtime's settings, whose isolation library, state folder and core policy claims'
+    /// shares get too.
+    pub lj_runtime_config: PathBuf,
 }
 
 /// Why the agent stopped.
@@ -71,6 +91,12 @@ pub enum AgentError {
     /// A task ended, which none should.
     #[error("the {0} task ended unexpectedly")]
     TaskEnded(&'static str),
+    /// The DRA driver cannot start.
+    #[error("DRA driver: {0}")]
+    Dra(String),
+    /// The node's device-API label changed: the agent starts again serving the other API.
+    #[error("the node's device-API label changed; restart to serve the other")]
+    DeviceApiChanged,
 }
 
 async fn client(kubeconfig: Option<&Path>) -> Result<Client, AgentError> {
@@ -115,6 +141,56 @@ fn spawn(
         task.await;
         name
     });
+}
+
+/// Starts the DRA side of a node moved to DRA: the ResourceSlice publisher and the kubelet
+/// plugin.
+fn start_dra(
+    tasks: &mut JoinSet<&'static str>,
+    options: &Options,
+    client: &Client,
+    layer: &Layer,
+    state: &watch::Sender<NodeState>,
+    inventory: &InventoryRefresher,
+    state_rx: &watch::Receiver<NodeState>,
+) -> Result<(), AgentError> {
+    let driver = dra::names::driver_name(&options.config.resource_prefix);
+    let runtime = RuntimeConfig::load(&options.dra.lj_runtime_config).map_err(AgentError::Dra)?;
+    let paths = dra::plugin::Paths {
+        registry_dir: options.dra.registry_dir.clone(),
+        plugin_dir: options.dra.plugins_dir.join(&driver),
+        cdi_dir: options.dra.cdi_dir.clone(),
+        checkpoint: options.dra.checkpoint.clone(),
+        isolation_library: runtime.isolation_library,
+        isolation_state_dir: runtime.isolation_state_dir,
+        core_policy: runtime.core_policy.variable(),
+    };
+    let plugin = dra::plugin::Driver::new(
+        client.clone(),
+        options.node_name.clone(),
+        driver.clone(),
+        paths,
+        layer.client.clone(),
+        state.clone(),
+        inventory.clone(),
+    )
+    .map_err(AgentError::Dra)?;
+    tracing::info!(%driver, "the node's cards are given through DRA");
+    spawn(
+        tasks,
+        "dra-publisher",
+        dra::publisher::Publisher {
+            client: client.clone(),
+            node: options.node_name.clone(),
+            driver,
+            config: options.config.clone(),
+            state: state_rx.clone(),
+            resync: options.resync,
+        }
+        .run(),
+    );
+    spawn(tasks, "dra-plugin", plugin.run());
+    Ok(())
 }
 
 /// Runs the agent until SIGTERM or SIGINT.
@@ -185,6 +261,18 @@ pub async fn run(options: Options) -> Result<(), AgentError> {
         }
         .run(),
     );
+    let names = options.config.names();
+    let dra = dra::mode::read(&client, &node, &names.device_api_label).await;
+    if dra {
+        start_dra(
+            &mut tasks, &options, &client, &layer, &state, &inventory, &state_rx,
+        )?;
+    }
+    spawn(
+        &mut tasks,
+        "device-api",
+        dra::mode::until_changed(client.clone(), node.clone(), names.device_api_label, dra),
+    );
     if options.device_plugin {
         let whole: Vec<String> = resources
             .iter()
@@ -206,7 +294,12 @@ pub async fn run(options: Options) -> Result<(), AgentError> {
             "device-plugin",
             DevicePlugins {
                 dir: options.kubelet_dir.clone(),
-                resources: resources.clone(),
+                // On a DRA node whole cards are claimed, never requested by count.
+                resources: resources
+                    .iter()
+                    .filter(|r| !(dra && r.kind.whole()))
+                    .cloned()
+                    .collect(),
                 state: state_rx.clone(),
                 pod_resources: Some(options.pod_resources_socket.clone()),
             }
@@ -265,6 +358,7 @@ pub async fn run(options: Options) -> Result<(), AgentError> {
             Ok(())
         }
         ended = tasks.join_next() => match ended {
+            Some(Ok("device-api")) => Err(AgentError::DeviceApiChanged),
             Some(Ok(name)) => Err(AgentError::TaskEnded(name)),
             Some(Err(join)) => {
                 tracing::error!(%join, "a task failed");

@@ -1,6 +1,6 @@
 //! The command line of `runtimekit-node-agent`.
 
-use crate::agent::Options;
+use crate::agent::{DraPaths, Options};
 use crate::layer::Source;
 use clap::{Parser, ValueEnum};
 use runtimekit_contract::RuntimeKitConfig;
@@ -84,6 +84,25 @@ pub struct Cli {
     #[arg(long, default_value = "/proc")]
     pub proc_root: PathBuf,
 
+    /// The kubelet's plugin-registration folder, where the DRA driver registers (on a node
+    /// labelled `<prefix>/device-api=dra`).
+    #[arg(long, default_value = "/var/lib/kubelet/plugins_registry")]
+    pub kubelet_registry_dir: PathBuf,
+
+    /// The kubelet's plugins folder; the DRA driver's socket goes in `<driver>/dra.sock` under it.
+    #[arg(long, default_value = "/var/lib/kubelet/plugins")]
+    pub kubelet_plugins_dir: PathBuf,
+
+    /// The container runtime's CDI folder, where the DRA driver writes prepared claims' specs
+    /// (containerd's `cdi_spec_dirs`).
+    #[arg(long, default_value = "/var/run/cdi")]
+    pub cdi_dir: PathBuf,
+
+    /// lj-runtime's settings file: claims' time-division shares get its isolation library,
+    /// state folder and core policy.
+    #[arg(long, env = "LJ_RUNTIME_CONFIG", default_value = runtimekit_lj_runtime::config::DEFAULT_PATH)]
+    pub lj_runtime_config: PathBuf,
+
     /// How log lines are written.
     #[arg(long, value_enum, default_value = "text")]
     pub log_format: LogFormat,
@@ -165,6 +184,13 @@ impl Cli {
             },
             metrics_interval: self.metrics_interval,
             proc_root: self.proc_root.clone(),
+            dra: DraPaths {
+                registry_dir: self.kubelet_registry_dir.clone(),
+                plugins_dir: self.kubelet_plugins_dir.clone(),
+                cdi_dir: self.cdi_dir.clone(),
+                checkpoint: self.state_dir.join("dra").join("checkpoint.json"),
+                lj_runtime_config: self.lj_runtime_config.clone(),
+            },
         })
     }
 }

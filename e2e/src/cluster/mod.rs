@@ -184,6 +184,11 @@ impl Cluster {
             (file("serving.crt"), file("serving.key"), file("ca.crt"));
         let (sa_key, sa_pub) = (file("service-account.key"), file("service-account.pub"));
         let kubeconfig = self.kubeconfig.display().to_string();
+        // Empty on the current release; a flag the binaries accept either way.
+        let feature_gates = format!(
+            "--feature-gates={}",
+            crate::tools::feature_gates().join(",")
+        );
 
         let etcd_url = format!("http://127.0.0.1:{}", ports.etcd_client);
         let peer_url = format!("http://127.0.0.1:{}", ports.etcd_peer);
@@ -237,6 +242,7 @@ impl Cluster {
                 "--max-requests-inflight=3000".into(),
                 "--max-mutating-requests-inflight=1500".into(),
                 format!("--profiling={}", options.profiling),
+                feature_gates.clone(),
             ],
         )?;
         self.wait_ready("kube-apiserver", &format!("{}/readyz", self.server), "ok")
@@ -249,7 +255,9 @@ impl Cluster {
             format!("--kubeconfig={kubeconfig}"),
             // The Job controller for JobSets; the Deployment, ReplicaSet and DaemonSet
             // controllers and the kube-root-ca.crt publisher for the kit deployed from config/.
-            "--controllers=job-controller,garbage-collector-controller,namespace-controller,pod-garbage-collector-controller,ttl-after-finished-controller,clusterrole-aggregation-controller,deployment-controller,replicaset-controller,daemonset-controller,root-ca-certificate-publisher-controller".into(),
+            // The ResourceClaim controller makes pods' claims from their templates (DRA).
+            "--controllers=job-controller,garbage-collector-controller,namespace-controller,pod-garbage-collector-controller,ttl-after-finished-controller,clusterrole-aggregation-controller,deployment-controller,replicaset-controller,daemonset-controller,root-ca-certificate-publisher-controller,resourceclaim-controller".into(),
+            feature_gates.clone(),
             format!("--root-ca-file={ca}"),
             "--leader-elect=false".into(),
             "--use-service-account-credentials=false".into(),
@@ -361,6 +369,7 @@ impl Cluster {
                     format!("--secure-port={}", ports.scheduler),
                     format!("--tls-cert-file={serving_crt}"),
                     format!("--tls-private-key-file={serving_key}"),
+                    feature_gates.clone(),
                 ],
             )?;
             self.wait_ready(

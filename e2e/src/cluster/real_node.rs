@@ -61,9 +61,9 @@ pub struct RealNode {
     pub layer_socket: PathBuf,
 }
 
-/// The longest unix socket path the node makes under the cluster's folder (the kubelet's pod
-/// resources), past which binding fails: the folder must leave room for it.
-const LONGEST_SOCKET: &str = "node/kubelet/pod-resources/kubelet.sock";
+/// The longest unix socket path the node makes under the cluster's folder (the DRA driver's
+/// registration socket), past which binding fails: the folder must leave room for it.
+const LONGEST_SOCKET: &str = "node/kubelet/plugins_registry/gpu.runtimekit.aliyun.com-reg.sock";
 /// The most bytes a unix socket's path may have.
 const SOCKET_PATH_MAX: usize = 107;
 
@@ -322,6 +322,21 @@ fn agent_args(node: &str, dir: &Path, profile: &str) -> Vec<String> {
             dir.join("kubelet/pod-resources/kubelet.sock").display()
         ),
         "--metrics-address=127.0.0.1:0".into(),
+        // The DRA driver's folders: the kubelet's (under its --root-dir), containerd's CDI
+        // folder, and the lj-runtime settings its shares follow.
+        format!(
+            "--kubelet-registry-dir={}",
+            dir.join("kubelet/plugins_registry").display()
+        ),
+        format!(
+            "--kubelet-plugins-dir={}",
+            dir.join("kubelet/plugins").display()
+        ),
+        format!("--cdi-dir={}", dir.join("cdi").display()),
+        format!(
+            "--lj-runtime-config={}",
+            dir.join("lj-runtime.json").display()
+        ),
     ]
 }
 
@@ -586,12 +601,30 @@ evictionHard: {{nodefs.available: "0%", nodefs.inodesFree: "0%", imagefs.availab
 nodeStatusUpdateFrequency: 2s
 podLogsDir: {logs}
 volumePluginDir: {plugins}
-"#,
+{gates}"#,
         socket = node.containerd_socket.display(),
         healthz = node.healthz_port,
         logs = node.pod_logs.display(),
         plugins = node.dir.join("volume-plugins").display(),
+        gates = kubelet_gates(),
     )
+}
+
+/// The release's feature gates (`crate::tools::feature_gates`) as the kubelet's configuration
+/// writes them.
+fn kubelet_gates() -> String {
+    let gates = crate::tools::feature_gates();
+    if gates.is_empty() {
+        return String::new();
+    }
+    let entries: Vec<String> = gates
+        .iter()
+        .map(|g| {
+            let (name, value) = g.split_once('=').unwrap_or((g, "true"));
+            format!("{name}: {value}")
+        })
+        .collect();
+    format!("featureGates: {{{}}}\n", entries.join(", "))
 }
 
 /// Kills the containers of the real node under `cluster_dir` with the `ctr` beside its

@@ -112,6 +112,19 @@ impl Cluster {
                     kubelet.join("pod-resources/kubelet.sock").display()
                 ),
                 "--metrics-address=127.0.0.1:0".into(),
+                format!(
+                    "--kubelet-registry-dir={}",
+                    kubelet.join("plugins_registry").display()
+                ),
+                format!(
+                    "--kubelet-plugins-dir={}",
+                    kubelet.join("plugins").display()
+                ),
+                format!("--cdi-dir={}", dir.join("cdi").display()),
+                format!(
+                    "--lj-runtime-config={}",
+                    dir.join("lj-runtime.json").display()
+                ),
             ];
             self.spawn(&format!("node-agent-{}", node.name), &agent, &args)?;
         }

@@ -111,6 +111,15 @@ impl TestContext {
         self.with_cluster(|cluster| cluster.switch_real_node_profile(node, profile))
     }
 
+    /// Stops the real node's agent (or reaps it, when it stopped itself on a change of the
+    /// node's device-API label) and starts it again.
+    pub fn restart_real_node_agent(&self) -> Result<()> {
+        self.with_cluster(|cluster| {
+            let stopped = cluster.stop_component("node-agent")?;
+            cluster.start_again(stopped)
+        })
+    }
+
     /// Deploys the operator and the node agent from `config/` on the real node
     /// ([`Cluster::deploy_config`]).
     pub fn deploy_config(&self, node: &RealNode) -> Result<()> {

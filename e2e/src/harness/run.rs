@@ -58,7 +58,9 @@ impl Harness {
         let cluster = runtime.block_on(Cluster::start(ClusterOptions {
             dir: cluster_dir.clone(),
             detached: false,
-            kube_scheduler: false,
+            // kube-scheduler places the pods that carry ResourceClaims or name no scheduler
+            // (pods of the kit's own scheduler, or of "none", it leaves alone).
+            kube_scheduler: true,
             profiling: false,
             jobs_keep_running: false,
             node_lease_seconds: crate::cluster::NODE_LEASE_SECONDS,

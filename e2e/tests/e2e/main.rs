@@ -5,6 +5,7 @@
 
 mod contract_policy;
 mod control_plane;
+mod dra;
 mod exporter;
 mod faults;
 mod gangs;
@@ -15,6 +16,7 @@ mod nvml_node;
 mod operator;
 mod plugin;
 mod real_node;
+mod real_node_dra;
 mod real_node_isolation;
 mod switches;
 mod trust;
@@ -40,8 +42,10 @@ fn tests() -> Vec<Test> {
         switches::TESTS,
         guides::TESTS,
         plugin::TESTS,
+        dra::TESTS,
         // Last: the real node stays once started, and no other test should see its cards.
         real_node_isolation::TESTS,
+        real_node_dra::TESTS,
         real_node::TESTS,
     ]
     .concat()

@@ -111,14 +111,32 @@ impl AgentNode {
         profile: &str,
         config: Option<&str>,
     ) -> Result<AgentNode> {
-        Self::start_inner(ctx, short, Layer::InProcess(profile), config).await
+        Self::start_inner(ctx, short, Layer::InProcess(profile), config, &[]).await
+    }
+
+    /// [`AgentNode::start`] on a node labelled `label=dra`, the node's device-API label: its
+    /// cards are published as ResourceSlices and its whole cards leave the device plugin.
+    pub(crate) async fn start_dra(
+        ctx: &TestContext,
+        short: &str,
+        profile: &str,
+        label: &str,
+    ) -> Result<AgentNode> {
+        Self::start_inner(
+            ctx,
+            short,
+            Layer::InProcess(profile),
+            None,
+            &[(label, "dra")],
+        )
+        .await
     }
 
     /// [`AgentNode::start`], with the resource layer as a process of its own
     /// (`runtimekit-resource-layer serve`, simulating `profile`, its instances in a state file)
     /// that the agent reaches through its socket.
     async fn start_with_layer(ctx: &TestContext, short: &str, profile: &str) -> Result<AgentNode> {
-        Self::start_inner(ctx, short, Layer::Simulated(profile), None).await
+        Self::start_inner(ctx, short, Layer::Simulated(profile), None, &[]).await
     }
 
     /// [`AgentNode::start`], with the resource layer as a process of its own on the NVML
@@ -128,7 +146,7 @@ impl AgentNode {
         short: &str,
         nvml: &std::path::Path,
     ) -> Result<AgentNode> {
-        Self::start_inner(ctx, short, Layer::Nvml(nvml), None).await
+        Self::start_inner(ctx, short, Layer::Nvml(nvml), None, &[]).await
     }
 
     async fn start_inner(
@@ -136,11 +154,14 @@ impl AgentNode {
         short: &str,
         layer: Layer<'_>,
         config: Option<&str>,
+        labels: &[(&str, &str)],
     ) -> Result<AgentNode> {
         install_agent_access(ctx).await?;
-        let node = ctx
-            .fake_node(FakeNode::new(short).label("lj_runtimekit_enable", "true"))
-            .await?;
+        let node = labels.iter().fold(
+            FakeNode::new(short).label("lj_runtimekit_enable", "true"),
+            |node, (key, value)| node.label(key, value),
+        );
+        let node = ctx.fake_node(node).await?;
         let name = node.name_any();
         let nodes = ctx.cluster_api::<Node>();
         ctx.wait_for("the kwok node to be Ready", WAIT, || async {
@@ -212,6 +233,19 @@ impl AgentNode {
             "--resync-interval=2s".into(),
             format!("--metrics-address={metrics}"),
             "--metrics-interval=1s".into(),
+            format!(
+                "--kubelet-registry-dir={}",
+                dir.join("kubelet/plugins_registry").display()
+            ),
+            format!(
+                "--kubelet-plugins-dir={}",
+                dir.join("kubelet/plugins").display()
+            ),
+            format!("--cdi-dir={}", dir.join("cdi").display()),
+            format!(
+                "--lj-runtime-config={}",
+                dir.join("lj-runtime.json").display()
+            ),
         ];
         if let Some(config) = config {
             let path = dir.join("config.yaml");
@@ -337,7 +371,7 @@ impl AgentNode {
     }
 
     /// The card UUIDs, from the agent's report.
-    async fn uuids(&self, ctx: &TestContext) -> Result<Vec<String>> {
+    pub(crate) async fn uuids(&self, ctx: &TestContext) -> Result<Vec<String>> {
         let group = self.group(ctx).await?;
         Ok(group
             .status

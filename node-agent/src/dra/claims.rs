@@ -9,6 +9,7 @@ use crate::model::{NodeState, PreparedDevice, mig_enabled, tdm_capable};
 use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClaim};
 use runtimekit_contract::quantity::parse_whole;
 use runtimekit_crds::SliceMode;
+use runtimekit_injection::grant::{Grant, GrantedCard, Mode};
 use runtimekit_proto::resource::v1alpha1 as pb;
 
 /// One device of a claim as this node prepares it.
@@ -126,6 +127,101 @@ pub fn prepared(claim: &str, claim_uid: &str, planned: &Planned) -> PreparedDevi
         core,
         memory_mib,
     }
+}
+
+/// The resource-layer instance a planned device needs (a share or a MIG placement, unless
+/// given for monitoring only), with its key.
+pub fn instance(claim_uid: &str, planned: &Planned) -> Option<(String, pb::InstanceSpec)> {
+    if planned.admin {
+        return None;
+    }
+    let (card, uuid, kind) = match &planned.part {
+        Part::Share {
+            card,
+            uuid,
+            core,
+            memory_mib,
+        } => (
+            card,
+            uuid,
+            pb::instance_spec::Kind::Tdm(pb::TdmSpec {
+                core_percent: core.unwrap_or(0),
+                memory_mib: memory_mib.unwrap_or(0),
+            }),
+        ),
+        Part::Mig {
+            card,
+            uuid,
+            profile,
+            start,
+        } => (
+            card,
+            uuid,
+            pb::instance_spec::Kind::Mig(pb::MigSpec {
+                profile: profile.clone(),
+                placement_start: *start,
+            }),
+        ),
+        Part::Whole { .. } | Part::Nic { .. } => return None,
+    };
+    Some((
+        instance_key(claim_uid, &planned.request, &planned.device),
+        pb::InstanceSpec {
+            device_index: *card,
+            device_uuid: uuid.clone(),
+            kind: Some(kind),
+        },
+    ))
+}
+
+/// What each request of the claim gives its containers, in the order the requests first
+/// appear: its cards (a device given for monitoring only is given whole, without caps) and NICs.
+pub fn grants(claim_uid: &str, planned: &[Planned]) -> Vec<(String, Grant)> {
+    let mut grants: Vec<(String, Grant)> = Vec::new();
+    for device in planned {
+        let at = match grants.iter().position(|(r, _)| *r == device.request) {
+            Some(at) => at,
+            None => {
+                grants.push((device.request.clone(), Grant::default()));
+                grants.len() - 1
+            }
+        };
+        let grant = &mut grants[at].1;
+        let card = |index: &u32, uuid: &str, mode| GrantedCard {
+            index: *index,
+            uuid: uuid.to_owned(),
+            mode,
+            core: None,
+            memory_mib: None,
+            instance: None,
+        };
+        match &device.part {
+            Part::Nic { name } => grant.nics.push(name.clone()),
+            Part::Whole { card: i, uuid }
+            | Part::Share { card: i, uuid, .. }
+            | Part::Mig { card: i, uuid, .. }
+                if device.admin =>
+            {
+                grant.cards.push(card(i, uuid, Mode::Whole));
+            }
+            Part::Whole { card: i, uuid } => grant.cards.push(card(i, uuid, Mode::Whole)),
+            Part::Share {
+                card: i,
+                uuid,
+                core,
+                memory_mib,
+            } => grant.cards.push(GrantedCard {
+                core: *core,
+                memory_mib: *memory_mib,
+                ..card(i, uuid, Mode::Tdm)
+            }),
+            Part::Mig { card: i, uuid, .. } => grant.cards.push(GrantedCard {
+                instance: Some(instance_key(claim_uid, &device.request, &device.device)),
+                ..card(i, uuid, Mode::Mig)
+            }),
+        }
+    }
+    grants
 }
 
 /// What the claim's allocation asks of this node's pool, checked against what the node holds
@@ -574,6 +670,41 @@ mod tests {
             prepared("team/claim-u1", "u1", &planned[0]).instance_key,
             None
         );
+        let (key, spec) = instance("u1", &planned[2]).expect("a MIG placement is made");
+        assert_eq!(key, "dra:u1:mig:gpu-3-mig-1g10gb-2");
+        assert_eq!(spec.device_index, 3);
+        assert!(instance("u1", &planned[0]).is_none() && instance("u1", &planned[3]).is_none());
+        let grants = grants("u1", &planned);
+        let requests: Vec<&str> = grants.iter().map(|(r, _)| r.as_str()).collect();
+        assert_eq!(requests, ["gpu", "mig", "nic"]);
+        let gpu = &grants[0].1;
+        assert_eq!(
+            gpu.cards.iter().map(|c| c.mode).collect::<Vec<_>>(),
+            [Mode::Whole, Mode::Tdm]
+        );
+        assert_eq!(
+            (gpu.cards[1].core, gpu.cards[1].memory_mib),
+            (Some(50), Some(4096))
+        );
+        assert_eq!(
+            grants[1].1.instance_keys(),
+            ["dra:u1:mig:gpu-3-mig-1g10gb-2"]
+        );
+        assert_eq!(grants[2].1.nics, ["mlx5_0"]);
+        let mut monitoring = planned[1].clone();
+        monitoring.admin = true;
+        assert!(
+            instance("u1", &monitoring).is_none(),
+            "nothing is made for admin access"
+        );
+        assert_eq!(grants_of(&monitoring)[0].mode, Mode::Whole);
+    }
+
+    fn grants_of(planned: &Planned) -> Vec<GrantedCard> {
+        grants("u", std::slice::from_ref(planned))
+            .into_iter()
+            .flat_map(|(_, g)| g.cards)
+            .collect()
     }
 
     #[test]

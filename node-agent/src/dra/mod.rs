@@ -2,12 +2,20 @@
 //! as ResourceSlices under the driver `gpu.runtimekit.<prefix>`, one pool per node, so
 //! kube-scheduler (or any allocator) can hand them out to ResourceClaims.
 //!
+//! - [`mode`]: whether the node's whole cards are given by DRA or by the device plugin;
 //! - [`names`]: the driver's, devices', counters', attributes' and capacities' names;
 //! - [`pool`]: what the node offers, from what the agent knows (pure);
 //! - [`publisher`]: keeps the pool's ResourceSlices equal to it;
-//! - [`claims`]: what an allocated claim asks of the node, checked against what it holds (pure).
+//! - [`claims`]: what an allocated claim asks of the node, checked against what it holds (pure);
+//! - [`cdi`]: the CDI specs that give a prepared claim's containers their devices;
+//! - [`checkpoint`]: the record of prepared claims that outlives the agent;
+//! - [`plugin`]: the kubelet plugin that prepares and unprepares claims.
 
+pub mod cdi;
+pub mod checkpoint;
 pub mod claims;
+pub mod mode;
 pub mod names;
+pub mod plugin;
 pub mod pool;
 pub mod publisher;

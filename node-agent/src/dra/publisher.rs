@@ -231,25 +231,25 @@ async fn keeps_device_taints(client: &Client) -> bool {
 /// Watches the node's labels and UID for ever.
 async fn follow_node(client: Client, node: String, facts: watch::Sender<NodeFacts>) {
     let config = watcher::Config::default().fields(&format!("metadata.name={node}"));
-    let mut events = Box::pin(
-        watcher(Api::<Node>::all(client), config)
-            .applied_objects()
-            .default_backoff(),
-    );
+    let mut events = Box::pin(watcher(Api::<Node>::all(client), config).default_backoff());
     while let Some(event) = events.next().await {
-        match event {
-            Ok(object) => {
-                let next = NodeFacts {
-                    labels: object.labels().clone(),
-                    uid: object.uid(),
-                };
-                facts.send_if_modified(|known| {
-                    let changed = *known != next;
-                    *known = next;
-                    changed
-                });
+        let next = match event {
+            Ok(watcher::Event::Apply(object) | watcher::Event::InitApply(object)) => NodeFacts {
+                labels: object.labels().clone(),
+                uid: object.uid(),
+            },
+            // A deleted node's slices go with it: none is written for it again.
+            Ok(watcher::Event::Delete(_)) => NodeFacts::default(),
+            Ok(_) => continue,
+            Err(error) => {
+                tracing::warn!(%error, "watching the node for its DRA pool");
+                continue;
             }
-            Err(error) => tracing::warn!(%error, "watching the node for its DRA pool"),
-        }
+        };
+        facts.send_if_modified(|known| {
+            let changed = *known != next;
+            *known = next;
+            changed
+        });
     }
 }
