@@ -70,6 +70,7 @@ impl Publisher {
         let taints = keeps_device_taints(&self.client).await;
         let slices: Api<ResourceSlice> = Api::all(self.client.clone());
         let mut published: Option<Vec<ResourceSliceSpec>> = None;
+        let mut written = Written::new();
         let mut next_resync = tokio::time::Instant::now();
         loop {
             let state = self.state.borrow_and_update().clone();
@@ -85,7 +86,7 @@ impl Publisher {
                     taints,
                 });
                 if due || published.as_ref() != Some(&offered) {
-                    match self.reconcile(&slices, &offered, &node).await {
+                    match self.reconcile(&slices, &offered, &node, &mut written).await {
                         Ok(()) => published = Some(offered),
                         Err(error) => {
                             published = None;
@@ -116,6 +117,7 @@ impl Publisher {
         slices: &Api<ResourceSlice>,
         offered: &[ResourceSliceSpec],
         node: &NodeFacts,
+        written: &mut Written,
     ) -> Result<(), kube::Error> {
         let listed = slices
             .list(&ListParams::default().fields(&format!(
@@ -135,10 +137,18 @@ impl Publisher {
                 names.contains(&s.name_any()) && Some(s.spec.pool.generation) == generation
             })
             && names.iter().zip(offered).all(|(name, spec)| {
+                // The apiserver writes quantities in their canonical form and drops empty
+                // lists, so a slice is compared with what this agent last wrote to it, and
+                // taken as unchanged while its resourceVersion is still the one written.
                 current
                     .iter()
                     .find(|s| &s.name_any() == name)
-                    .is_some_and(|s| without_generation(&s.spec) == without_generation(spec))
+                    .is_some_and(|s| {
+                        written.get(name).is_some_and(|(sent, version)| {
+                            s.resource_version().as_ref() == Some(version)
+                                && *sent == without_generation(spec)
+                        })
+                    })
             });
         if same {
             return Ok(());
@@ -167,14 +177,19 @@ impl Publisher {
             let mut body = serde_json::to_value(&slice).map_err(kube::Error::SerdeError)?;
             body["apiVersion"] = ResourceSlice::api_version(&()).into();
             body["kind"] = ResourceSlice::kind(&()).into();
-            slices
+            written.remove(name);
+            let stored = slices
                 .patch(
                     name,
                     &PatchParams::apply(FIELD_MANAGER).force(),
                     &Patch::Apply(&body),
                 )
                 .await?;
+            if let Some(version) = stored.resource_version() {
+                written.insert(name.clone(), (without_generation(&slice.spec), version));
+            }
         }
+        written.retain(|name, _| names.contains(name));
         for stale in current.iter().filter(|s| !names.contains(&s.name_any())) {
             match slices
                 .delete(&stale.name_any(), &DeleteParams::default())
@@ -202,6 +217,10 @@ impl Publisher {
 pub fn slice_name(node: &str, driver: &str, index: usize) -> String {
     format!("{node}-{driver}-{index}")
 }
+
+/// What this agent last wrote to each slice (generation left out), and the resourceVersion
+/// the apiserver gave it.
+type Written = BTreeMap<String, (ResourceSliceSpec, String)>;
 
 fn without_generation(spec: &ResourceSliceSpec) -> ResourceSliceSpec {
     let mut spec = spec.clone();
