@@ -54,6 +54,20 @@ async fn claims_on_the_real_node(
         Ok((!slices_of(ctx, node).await?.is_empty()).then_some(()))
     })
     .await?;
+    // A pod the kubelet admits before the plugin registered waits for the kubelet's next
+    // resync (a minute): wait for the registration, which the agent logs, as the kubelet
+    // answers it.
+    let log = dir
+        .parent()
+        .context("the cluster's folder")?
+        .join("logs/node-agent.log");
+    ctx.wait_for("the kubelet to register the DRA plugin", WAIT, || async {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        Ok(text
+            .contains("the kubelet registered the DRA plugin")
+            .then_some(()))
+    })
+    .await?;
     let cards = ctx
         .cluster_api::<TopologyGroup>()
         .get(node)
@@ -61,7 +75,7 @@ async fn claims_on_the_real_node(
         .status
         .unwrap_or_default()
         .cards;
-    let script = "env | grep -E '^(NVIDIA_VISIBLE_DEVICES|RUNTIMEKIT_)' | sort; ls /dev; cat /etc/ld.so.preload 2>/dev/null; true";
+    let script = "env | grep -E '^(NVIDIA_VISIBLE_DEVICES|RUNTIMEKIT_)' | sort; ls /dev; cat /etc/ld.so.preload 2>/dev/null; echo printed; exec sleep 3600";
     claim_template(ctx, "whole", DRIVER, 1, None).await?;
     claim_template(
         ctx,
@@ -89,8 +103,14 @@ async fn claims_on_the_real_node(
             .trim_end_matches("-share")
             .parse()?;
         let uuid = &cards.get(index).context("the card")?.uuid;
-        wait_phase(ctx, name, "Succeeded").await?;
-        let log = ctx.kubectl_ok(&["logs", name], None)?;
+        // Running, so its claim stays prepared while it is looked at.
+        wait_phase(ctx, name, "Running").await?;
+        let log = ctx
+            .wait_for(&format!("{name}'s output"), WAIT, || async {
+                let log = ctx.kubectl_ok(&["logs", name], None)?;
+                Ok(log.contains("printed").then_some(log))
+            })
+            .await?;
         ensure!(
             log.contains(&format!("NVIDIA_VISIBLE_DEVICES={uuid}"))
                 && log.contains(&format!("nvidia{index}"))
@@ -122,7 +142,8 @@ async fn claims_on_the_real_node(
         prepared.push(uid);
     }
     for name in ["dra-whole", "dra-share"] {
-        pods.delete(name, &DeleteParams::default()).await?;
+        pods.delete(name, &DeleteParams::default().grace_period(0))
+            .await?;
     }
     ctx.wait_for("the claims unprepared", WAIT, || async {
         let left = prepared

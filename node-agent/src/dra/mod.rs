@@ -9,8 +9,10 @@
 //! - [`claims`]: what an allocated claim asks of the node, checked against what it holds (pure);
 //! - [`cdi`]: the CDI specs that give a prepared claim's containers their devices;
 //! - [`checkpoint`]: the record of prepared claims that outlives the agent;
-//! - [`plugin`]: the kubelet plugin that prepares and unprepares claims.
+//! - [`plugin`]: the kubelet plugin that prepares and unprepares claims;
+//! - [`authority`]: the relay that lets the kubelet's registration requests reach it.
 
+pub mod authority;
 pub mod cdi;
 pub mod checkpoint;
 pub mod claims;

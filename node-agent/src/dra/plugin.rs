@@ -12,6 +12,7 @@
 //! adopts what its checkpoint records, writes back a CDI spec that went missing, and removes
 //! the CDI specs and instances of claims it no longer holds.
 
+use super::authority;
 use super::cdi;
 use super::checkpoint::{AnsweredDevice, Checkpoint, PreparedClaim};
 use super::claims::{self, Planned};
@@ -34,8 +35,10 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{Mutex, watch};
-use tokio_stream::wrappers::UnixListenerStream;
+use tokio::io::DuplexStream;
+use tokio::net::UnixListener;
+use tokio::sync::{Mutex, mpsc, watch};
+use tokio_stream::wrappers::{ReceiverStream, UnixListenerStream};
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
@@ -161,19 +164,17 @@ impl Driver {
 
     fn serve(&self) -> std::io::Result<(AbortOnDrop<()>, AbortOnDrop<()>)> {
         let (registration, plugin) = self.sockets();
-        let listen = |socket: &Path| -> std::io::Result<UnixListenerStream> {
+        let listen = |socket: &Path| -> std::io::Result<UnixListener> {
             if let Some(dir) = socket.parent() {
                 std::fs::create_dir_all(dir)?;
             }
             if std::fs::symlink_metadata(socket).is_ok() {
                 std::fs::remove_file(socket)?;
             }
-            Ok(UnixListenerStream::new(
-                runtimekit_resource_layer::listen_private(socket)?,
-            ))
+            runtimekit_resource_layer::listen_private(socket)
         };
         // The plugin's socket first: the kubelet connects to it once registration answers.
-        let plugin_incoming = listen(&plugin)?;
+        let plugin_incoming = UnixListenerStream::new(listen(&plugin)?);
         let service = tonic::transport::Server::builder()
             .add_service(DraPluginServer::new(self.clone()))
             .serve_with_incoming(plugin_incoming);
@@ -183,7 +184,7 @@ impl Driver {
         };
         let registering = tonic::transport::Server::builder()
             .add_service(RegistrationServer::new(registrar))
-            .serve_with_incoming(listen(&registration)?);
+            .serve_with_incoming(relayed(listen(&registration)?));
         Ok((
             AbortOnDrop(tokio::spawn(async move {
                 if let Err(error) = service.await {
@@ -442,6 +443,40 @@ impl Driver {
         tracing::info!(claim = %claim_ref(claim), "unprepared the claim");
         Ok(())
     }
+}
+
+/// The registration socket's connections, each through the [`authority`] relay (the
+/// kubelet's registration requests carry the socket's path as their authority).
+fn relayed(listener: UnixListener) -> ReceiverStream<std::io::Result<DuplexStream>> {
+    let (connections, incoming) = mpsc::channel(16);
+    tokio::spawn(async move {
+        loop {
+            let stream = match listener.accept().await {
+                Ok((stream, _)) => stream,
+                Err(error) => {
+                    tracing::warn!(%error, "accepting a registration connection");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let (server_side, relay_side) = tokio::io::duplex(64 * 1024);
+            if connections.send(Ok(server_side)).await.is_err() {
+                return;
+            }
+            tokio::spawn(async move {
+                let (from_kubelet, mut to_kubelet) = stream.into_split();
+                let (mut from_server, to_server) = tokio::io::split(relay_side);
+                let (up, down) = tokio::join!(
+                    authority::rewrite(from_kubelet, to_server),
+                    tokio::io::copy(&mut from_server, &mut to_kubelet)
+                );
+                if let Err(error) = up.and(down.map(|_| ())) {
+                    tracing::debug!(%error, "a registration connection ended");
+                }
+            });
+        }
+    });
+    ReceiverStream::new(incoming)
 }
 
 /// What a prepare made so far.
