@@ -43,6 +43,10 @@ unit: node-packages
 e2e *filter: node-packages
     cargo test --locked -p runtimekit-e2e --test e2e -- {{filter}}
 
+# The end-to-end suite against another supported Kubernetes release (its tools module e2e/tools/k8s-<release>, built on first use), for example `just e2e-k8s 1.35`.
+e2e-k8s release *filter: node-packages
+    RUNTIMEKIT_K8S={{release}} cargo test --locked -p runtimekit-e2e --test e2e -- {{filter}}
+
 # Install the Debian packages the real node needs (containerd, runc, CNI plugins, busybox-static, umoci), if missing.
 node-packages:
     e2e/scripts/install-node-packages.sh
