@@ -6,6 +6,7 @@ use crate::enactor::Enactor;
 use crate::exporter::{self, Exporter, Snapshot};
 use crate::layer::{InventoryRefresher, Layer, LayerError, Source, watch_health};
 use crate::model::NodeState;
+use crate::node_watch;
 use crate::podresources;
 use crate::reporter::Reporter;
 use crate::resources::{advertised, summary};
@@ -152,7 +153,7 @@ fn start_dra(
     layer: &Layer,
     state: &watch::Sender<NodeState>,
     inventory: &InventoryRefresher,
-    state_rx: &watch::Receiver<NodeState>,
+    facts: &node_watch::Facts,
 ) -> Result<(), AgentError> {
     let driver = dra::names::driver_name(&options.config.resource_prefix);
     let runtime = RuntimeConfig::load(&options.dra.lj_runtime_config).map_err(AgentError::Dra)?;
@@ -184,7 +185,8 @@ fn start_dra(
             node: options.node_name.clone(),
             driver,
             config: options.config.clone(),
-            state: state_rx.clone(),
+            state: state.subscribe(),
+            facts: facts.clone(),
             resync: options.resync,
         }
         .run(),
@@ -262,16 +264,27 @@ pub async fn run(options: Options) -> Result<(), AgentError> {
         .run(),
     );
     let names = options.config.names();
-    let dra = dra::mode::read(&client, &node, &names.device_api_label).await;
+    let (facts_tx, mut facts) = node_watch::channel();
+    spawn(
+        &mut tasks,
+        "node-watch",
+        node_watch::follow(client.clone(), node.clone(), facts_tx),
+    );
+    if facts.borrow().is_none() {
+        tracing::info!(%node, "waiting to see the node to learn its device API");
+    }
+    let Some(dra) = dra::mode::read(&mut facts, &names.device_api_label).await else {
+        return Err(AgentError::TaskEnded("node-watch"));
+    };
     if dra {
         start_dra(
-            &mut tasks, &options, &client, &layer, &state, &inventory, &state_rx,
+            &mut tasks, &options, &client, &layer, &state, &inventory, &facts,
         )?;
     }
     spawn(
         &mut tasks,
         "device-api",
-        dra::mode::until_changed(client.clone(), node.clone(), names.device_api_label, dra),
+        dra::mode::until_changed(facts.clone(), names.device_api_label, dra),
     );
     if options.device_plugin {
         let whole: Vec<String> = resources
@@ -330,9 +343,8 @@ pub async fn run(options: Options) -> Result<(), AgentError> {
             &mut tasks,
             "exporter-switch",
             exporter::switch::follow(
-                client.clone(),
-                node.clone(),
-                options.config.names().exporter_switch_label,
+                facts.clone(),
+                names.exporter_switch_label.clone(),
                 snapshot.clone(),
             ),
         );

@@ -25,6 +25,7 @@ mod fixtures;
 pub mod health;
 pub mod layer;
 pub mod model;
+pub mod node_watch;
 pub mod podresources;
 pub mod reporter;
 pub mod resources;

@@ -3,10 +3,7 @@
 //! two must never both offer a card: when it changes, the agent stops (its DaemonSet starts it
 //! again) and the new agent serves the other API from scratch.
 
-use futures::StreamExt;
-use k8s_openapi::api::core::v1::Node;
-use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client, ResourceExt};
+use crate::node_watch::{self, Facts};
 use runtimekit_contract::config::DEVICE_API_DRA;
 use std::collections::BTreeMap;
 
@@ -15,47 +12,24 @@ pub fn uses_dra(labels: &BTreeMap<String, String>, label: &str) -> bool {
     labels.get(label).map(String::as_str) == Some(DEVICE_API_DRA)
 }
 
-/// How soon the node is read again when it cannot be read.
-const RETRY: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// Reads the node's label, waiting for the node to exist (a kubelet registers it after the
-/// agent may have started) and for the apiserver to answer.
-pub async fn read(client: &Client, node: &str, label: &str) -> bool {
-    let nodes = Api::<Node>::all(client.clone());
-    let mut tries = 0u32;
-    loop {
-        match nodes.get_opt(node).await {
-            Ok(Some(object)) => return uses_dra(object.labels(), label),
-            Ok(None) if tries.is_multiple_of(15) => {
-                tracing::warn!(%node, "the node does not exist yet; waiting for it to learn its device API");
-            }
-            Err(error) if tries.is_multiple_of(15) => {
-                tracing::warn!(%node, %error, "cannot read the node to learn its device API; retrying");
-            }
-            _ => {}
-        }
-        tries = tries.wrapping_add(1);
-        tokio::time::sleep(RETRY).await;
-    }
+/// Whether the node uses DRA, once the node has been seen (`None` when the watch stopped).
+pub async fn read(facts: &mut Facts, label: &str) -> Option<bool> {
+    node_watch::seen(facts)
+        .await
+        .map(|node| uses_dra(&node.labels, label))
 }
 
 /// Returns once the node's label says otherwise than `dra`.
-pub async fn until_changed(client: Client, node: String, label: String, dra: bool) {
-    let config = watcher::Config::default().fields(&format!("metadata.name={node}"));
-    let mut events = Box::pin(
-        watcher(Api::<Node>::all(client), config)
-            .applied_objects()
-            .default_backoff(),
-    );
-    while let Some(event) = events.next().await {
-        match event {
-            Ok(object) if uses_dra(object.labels(), &label) != dra => {
-                tracing::warn!(%label, from_dra = dra, "the node's device API changed; stopping so the agent starts again serving the other");
-                return;
-            }
-            Ok(_) => {}
-            Err(error) => tracing::warn!(%error, "watching the node's device-API label"),
-        }
+pub async fn until_changed(mut facts: Facts, label: String, dra: bool) {
+    let changed = facts
+        .wait_for(|f| {
+            f.as_ref()
+                .is_some_and(|n| uses_dra(&n.labels, &label) != dra)
+        })
+        .await
+        .is_ok();
+    if changed {
+        tracing::warn!(%label, from_dra = dra, "the node's device API changed; stopping so the agent starts again serving the other");
     }
 }
 

@@ -6,12 +6,10 @@
 
 use super::pool::{self, PoolInput};
 use crate::model::NodeState;
-use futures::StreamExt;
-use k8s_openapi::api::core::v1::Node;
+use crate::node_watch::{Facts, NodeFacts};
 use k8s_openapi::api::resource::v1::{ResourceSlice, ResourceSliceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
-use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use runtimekit_contract::RuntimeKitConfig;
 use std::collections::BTreeMap;
@@ -37,6 +35,8 @@ pub struct Publisher {
     pub config: RuntimeKitConfig,
     /// What the agent knows.
     pub state: watch::Receiver<NodeState>,
+    /// The node: its labels (the pool's network position) and UID (the slices' owner).
+    pub facts: Facts,
     /// How often the slices are compared with what is offered without a change.
     pub resync: Duration,
 }
@@ -50,23 +50,9 @@ impl std::fmt::Debug for Publisher {
     }
 }
 
-/// The node as the pool needs it: its labels and its UID (the slices' owner).
-#[derive(Debug, Clone, Default, PartialEq)]
-struct NodeFacts {
-    labels: BTreeMap<String, String>,
-    uid: Option<String>,
-}
-
 impl Publisher {
     /// Runs for ever.
     pub async fn run(mut self) {
-        let (facts_tx, mut facts) = watch::channel(NodeFacts::default());
-        let follow = tokio::spawn(follow_node(
-            self.client.clone(),
-            self.node.clone(),
-            facts_tx,
-        ));
-        let _follow = crate::task::AbortOnDrop(follow);
         let taints = keeps_device_taints(&self.client).await;
         let slices: Api<ResourceSlice> = Api::all(self.client.clone());
         let mut published: Option<Vec<ResourceSliceSpec>> = None;
@@ -74,7 +60,7 @@ impl Publisher {
         let mut next_resync = tokio::time::Instant::now();
         loop {
             let state = self.state.borrow_and_update().clone();
-            let node = facts.borrow_and_update().clone();
+            let node = self.facts.borrow_and_update().clone().unwrap_or_default();
             let due = tokio::time::Instant::now() >= next_resync;
             if state.inventory.is_some() && node.uid.is_some() {
                 let offered = pool::slices(&PoolInput {
@@ -105,7 +91,7 @@ impl Publisher {
             };
             tokio::select! {
                 changed = self.state.changed() => if changed.is_err() { return },
-                changed = facts.changed() => if changed.is_err() { return },
+                changed = self.facts.changed() => if changed.is_err() { return },
                 () = tokio::time::sleep(retry) => {}
             }
         }
@@ -244,31 +230,5 @@ async fn keeps_device_taints(client: &Client) -> bool {
             tracing::warn!(%error, "cannot read the apiserver's version; faulted cards are withdrawn rather than tainted");
             false
         }
-    }
-}
-
-/// Watches the node's labels and UID for ever.
-async fn follow_node(client: Client, node: String, facts: watch::Sender<NodeFacts>) {
-    let config = watcher::Config::default().fields(&format!("metadata.name={node}"));
-    let mut events = Box::pin(watcher(Api::<Node>::all(client), config).default_backoff());
-    while let Some(event) = events.next().await {
-        let next = match event {
-            Ok(watcher::Event::Apply(object) | watcher::Event::InitApply(object)) => NodeFacts {
-                labels: object.labels().clone(),
-                uid: object.uid(),
-            },
-            // A deleted node's slices go with it: none is written for it again.
-            Ok(watcher::Event::Delete(_)) => NodeFacts::default(),
-            Ok(_) => continue,
-            Err(error) => {
-                tracing::warn!(%error, "watching the node for its DRA pool");
-                continue;
-            }
-        };
-        facts.send_if_modified(|known| {
-            let changed = *known != next;
-            *known = next;
-            changed
-        });
     }
 }

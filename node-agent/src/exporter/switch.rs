@@ -1,13 +1,11 @@
 //! The exporter's per-node switch: the label `<prefix>/exporter-enabled=false` on the node's own
 //! Node object switches the exporter off on that node (the shared configuration's
 //! `features.exporter: false` switches it off everywhere, and then nothing listens at all).
-//! The label is watched, so it takes effect without restarting the agent.
+//! The label is followed through the agent's watch of its node, so it takes effect without
+//! restarting the agent.
 
 use super::Snapshot;
-use futures::StreamExt;
-use k8s_openapi::api::core::v1::Node;
-use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client, ResourceExt};
+use crate::node_watch::Facts;
 use runtimekit_contract::config::SWITCHED_OFF;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -18,24 +16,19 @@ pub fn off_by(labels: &BTreeMap<String, String>, label: &str) -> Option<String> 
         .then(|| format!("the node is labelled {label}={SWITCHED_OFF}"))
 }
 
-/// Watches the node's labels for ever, switching `snapshot` off and on as `label` says.
-pub async fn follow(client: Client, node: String, label: String, snapshot: Arc<Snapshot>) {
-    let config = watcher::Config::default().fields(&format!("metadata.name={node}"));
-    let mut events = Box::pin(
-        watcher(Api::<Node>::all(client), config)
-            .applied_objects()
-            .default_backoff(),
-    );
-    while let Some(event) = events.next().await {
-        match event {
-            Ok(object) => {
-                let off = off_by(object.labels(), &label);
-                if off != snapshot.off() {
-                    tracing::info!(switched_off = ?off, "the exporter's switch changed");
-                }
-                snapshot.switch_off(off);
+/// Follows the node's labels for ever, switching `snapshot` off and on as `label` says.
+pub async fn follow(mut facts: Facts, label: String, snapshot: Arc<Snapshot>) {
+    loop {
+        let labels = facts.borrow_and_update().as_ref().map(|f| f.labels.clone());
+        if let Some(labels) = labels {
+            let off = off_by(&labels, &label);
+            if off != snapshot.off() {
+                tracing::info!(switched_off = ?off, "the exporter's switch changed");
             }
-            Err(error) => tracing::warn!(%error, "watching the node's exporter switch"),
+            snapshot.switch_off(off);
+        }
+        if facts.changed().await.is_err() {
+            return;
         }
     }
 }
