@@ -16,6 +16,24 @@ pub fn agent_user(node: &str) -> String {
     format!("runtimekit:node-agent:{node}")
 }
 
+/// The node agent's DRA arguments for a node whose kubelet keeps its files under
+/// `kubelet_root`: the kubelet's registration and plugin folders, the container runtime's CDI
+/// folder `cdi`, and the lj-runtime settings `lj_runtime` the DRA shares follow.
+pub fn agent_dra_args(kubelet_root: &Path, cdi: &Path, lj_runtime: &Path) -> Vec<String> {
+    vec![
+        format!(
+            "--kubelet-registry-dir={}",
+            kubelet_root.join("plugins_registry").display()
+        ),
+        format!(
+            "--kubelet-plugins-dir={}",
+            kubelet_root.join("plugins").display()
+        ),
+        format!("--cdi-dir={}", cdi.display()),
+        format!("--lj-runtime-config={}", lj_runtime.display()),
+    ]
+}
+
 /// Waits until a unix socket accepts connections.
 pub(crate) fn wait_for_socket(socket: &Path) -> Result<()> {
     let deadline = Instant::now() + SOCKET_TIMEOUT;

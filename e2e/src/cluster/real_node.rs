@@ -10,7 +10,7 @@
 //! `--node-ip`), so `kubectl logs` and `exec` reach the kubelet on loopback.
 
 use crate::cluster::Cluster;
-use crate::cluster::node_side::{AGENT_GROUP, agent_user, wait_for_socket};
+use crate::cluster::node_side::{AGENT_GROUP, agent_dra_args, agent_user, wait_for_socket};
 use crate::tools::{repo_root, run};
 use crate::workspace_binary::{workspace_binary, workspace_library};
 use anyhow::{Context, Result, bail};
@@ -308,7 +308,7 @@ fn layer_args(node: &str, dir: &Path, profile: &str) -> Vec<String> {
 /// The node agent's arguments, with a state folder of `profile`'s own.
 fn agent_args(node: &str, dir: &Path, profile: &str) -> Vec<String> {
     let gpu = dir.join("gpu");
-    vec![
+    let mut args = vec![
         format!("--node-name={node}"),
         format!("--kubeconfig={}", gpu.join("agent.kubeconfig").display()),
         format!(
@@ -322,22 +322,14 @@ fn agent_args(node: &str, dir: &Path, profile: &str) -> Vec<String> {
             dir.join("kubelet/pod-resources/kubelet.sock").display()
         ),
         "--metrics-address=127.0.0.1:0".into(),
-        // The DRA driver's folders: the kubelet's (under its --root-dir), containerd's CDI
-        // folder, and the lj-runtime settings its shares follow.
-        format!(
-            "--kubelet-registry-dir={}",
-            dir.join("kubelet/plugins_registry").display()
-        ),
-        format!(
-            "--kubelet-plugins-dir={}",
-            dir.join("kubelet/plugins").display()
-        ),
-        format!("--cdi-dir={}", dir.join("cdi").display()),
-        format!(
-            "--lj-runtime-config={}",
-            dir.join("lj-runtime.json").display()
-        ),
-    ]
+    ];
+    // The kubelet's folders are under its --root-dir; containerd reads CDI specs from `cdi`.
+    args.extend(agent_dra_args(
+        &dir.join("kubelet"),
+        &dir.join("cdi"),
+        &dir.join("lj-runtime.json"),
+    ));
+    args
 }
 
 impl Cluster {

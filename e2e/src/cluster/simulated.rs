@@ -3,7 +3,7 @@
 //! kubelets' device manager (kwok runs their pods' lifecycle but has no device plugins). They
 //! are started by PID with the rest of the cluster and stopped with it.
 
-use super::node_side::{AGENT_GROUP, agent_user, wait_for_socket};
+use super::node_side::{AGENT_GROUP, agent_dra_args, agent_user, wait_for_socket};
 use super::{Cluster, KWOK_ANNOTATION};
 use crate::workspace_binary::workspace_binary;
 use anyhow::{Context, Result};
@@ -101,7 +101,7 @@ impl Cluster {
                 &kubeconfig,
                 self.pki.kubeconfig(&self.server, "node-agent", &identity),
             )?;
-            let args = vec![
+            let mut args = vec![
                 format!("--node-name={}", node.name),
                 format!("--kubeconfig={}", kubeconfig.display()),
                 format!("--simulate={}", node.profile),
@@ -112,20 +112,12 @@ impl Cluster {
                     kubelet.join("pod-resources/kubelet.sock").display()
                 ),
                 "--metrics-address=127.0.0.1:0".into(),
-                format!(
-                    "--kubelet-registry-dir={}",
-                    kubelet.join("plugins_registry").display()
-                ),
-                format!(
-                    "--kubelet-plugins-dir={}",
-                    kubelet.join("plugins").display()
-                ),
-                format!("--cdi-dir={}", dir.join("cdi").display()),
-                format!(
-                    "--lj-runtime-config={}",
-                    dir.join("lj-runtime.json").display()
-                ),
             ];
+            args.extend(agent_dra_args(
+                &kubelet,
+                &dir.join("cdi"),
+                &dir.join("lj-runtime.json"),
+            ));
             self.spawn(&format!("node-agent-{}", node.name), &agent, &args)?;
         }
         Ok(())

@@ -13,7 +13,7 @@ use kube::runtime::watcher;
 use runtimekit_crds::{
     CardHealth, GpuSlice, MigInstanceRef, SLICE_FINALIZER, SlicePhase, TopologyGroup,
 };
-use runtimekit_e2e::cluster::node_side::{AGENT_GROUP, agent_user};
+use runtimekit_e2e::cluster::node_side::{AGENT_GROUP, agent_dra_args, agent_user};
 use runtimekit_e2e::harness::{Test, TestProcess, workspace_binary};
 use runtimekit_e2e::{FakeNode, TestContext, tests};
 use runtimekit_proto::resource::v1alpha1 as pb;
@@ -233,20 +233,12 @@ impl AgentNode {
             "--resync-interval=2s".into(),
             format!("--metrics-address={metrics}"),
             "--metrics-interval=1s".into(),
-            format!(
-                "--kubelet-registry-dir={}",
-                dir.join("kubelet/plugins_registry").display()
-            ),
-            format!(
-                "--kubelet-plugins-dir={}",
-                dir.join("kubelet/plugins").display()
-            ),
-            format!("--cdi-dir={}", dir.join("cdi").display()),
-            format!(
-                "--lj-runtime-config={}",
-                dir.join("lj-runtime.json").display()
-            ),
         ];
+        args.extend(agent_dra_args(
+            &dir.join("kubelet"),
+            &dir.join("cdi"),
+            &dir.join("lj-runtime.json"),
+        ));
         if let Some(config) = config {
             let path = dir.join("config.yaml");
             std::fs::create_dir_all(&dir)?;
