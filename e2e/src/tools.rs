@@ -62,12 +62,12 @@ const ALPHA_ON_1_35: [&str; 4] = [
     "DRADeviceTaints",
 ];
 
-/// The feature gates every component of the release `RUNTIMEKIT_K8S` names gets, as
-/// `--feature-gates` writes them (empty: the release's defaults).
-pub fn feature_gates() -> Vec<String> {
+/// The feature gates every component of the release `RUNTIMEKIT_K8S` names turns on (none:
+/// the release's defaults).
+pub fn enabled_gates() -> &'static [&'static str] {
     match std::env::var(RELEASE_VARIABLE).ok().as_deref() {
-        Some("1.35") => ALPHA_ON_1_35.iter().map(|g| format!("{g}=true")).collect(),
-        _ => Vec::new(),
+        Some("1.35") => &ALPHA_ON_1_35,
+        _ => &[],
     }
 }
 

@@ -187,7 +187,11 @@ impl Cluster {
         // Empty on the current release; a flag the binaries accept either way.
         let feature_gates = format!(
             "--feature-gates={}",
-            crate::tools::feature_gates().join(",")
+            crate::tools::enabled_gates()
+                .iter()
+                .map(|g| format!("{g}=true"))
+                .collect::<Vec<_>>()
+                .join(",")
         );
 
         let etcd_url = format!("http://127.0.0.1:{}", ports.etcd_client);

@@ -602,20 +602,14 @@ volumePluginDir: {plugins}
     )
 }
 
-/// The release's feature gates (`crate::tools::feature_gates`) as the kubelet's configuration
+/// The release's feature gates (`crate::tools::enabled_gates`) as the kubelet's configuration
 /// writes them.
 fn kubelet_gates() -> String {
-    let gates = crate::tools::feature_gates();
+    let gates = crate::tools::enabled_gates();
     if gates.is_empty() {
         return String::new();
     }
-    let entries: Vec<String> = gates
-        .iter()
-        .map(|g| {
-            let (name, value) = g.split_once('=').unwrap_or((g, "true"));
-            format!("{name}: {value}")
-        })
-        .collect();
+    let entries: Vec<String> = gates.iter().map(|g| format!("{g}: true")).collect();
     format!("featureGates: {{{}}}\n", entries.join(", "))
 }
 
