@@ -243,6 +243,14 @@ pub struct PreparedDevice {
     pub memory_mib: Option<u64>,
 }
 
+impl PreparedDevice {
+    /// The card this device holds: none for a NIC, or for a device given for monitoring only
+    /// (`adminAccess`, recorded without a mode), which leaves its card to others.
+    pub fn holds_card(&self) -> Option<u32> {
+        self.mode.and(self.card)
+    }
+}
+
 impl NodeState {
     /// Whether a card is healthy: listed, not lost, known (a card never read in full is not),
     /// and without a critical fault.
@@ -258,11 +266,6 @@ impl NodeState {
         self.prepared
             .iter()
             .filter_map(|p| p.instance_key.as_deref())
-    }
-
-    /// The claims prepared on a card.
-    pub fn prepared_on(&self, card: u32) -> impl Iterator<Item = &PreparedDevice> {
-        self.prepared.iter().filter(move |p| p.card == Some(card))
     }
 
     /// The slices on a card.
@@ -323,8 +326,9 @@ impl NodeState {
     /// those given for monitoring only (`adminAccess`).
     pub fn claims_holding(&self, card: u32) -> Vec<String> {
         let held: BTreeSet<&str> = self
-            .prepared_on(card)
-            .filter(|p| p.mode.is_some())
+            .prepared
+            .iter()
+            .filter(|p| p.holds_card() == Some(card))
             .map(|p| p.claim.as_str())
             .collect();
         held.into_iter().map(str::to_owned).collect()

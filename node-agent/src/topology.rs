@@ -1,7 +1,7 @@
 //! The node's TopologyGroup status, computed from what the agent knows (no I/O): cards with
 //! their topology, MIG state and health, RDMA NICs, and capacity.
 
-use crate::model::{NodeState, mig_enabled, numa_node};
+use crate::model::{NodeState, PreparedDevice, mig_enabled, numa_node};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use runtimekit_crds::{
     CONDITION_READY, CardHealth, CardStatus, MigInstanceStatus, NicStatus, TopologyCapacity,
@@ -167,13 +167,7 @@ pub fn busy_cards(state: &NodeState) -> BTreeSet<u32> {
         );
     }
     busy.extend(state.held_whole.keys().copied());
-    busy.extend(
-        state
-            .prepared
-            .iter()
-            .filter(|p| p.mode.is_some())
-            .filter_map(|p| p.card),
-    );
+    busy.extend(state.prepared.iter().filter_map(PreparedDevice::holds_card));
     busy
 }
 
