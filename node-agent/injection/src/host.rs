@@ -5,6 +5,9 @@
 use crate::isolation::{self, Enforcement};
 use std::path::{Path, PathBuf};
 
+/// How a device file's type and numbers are read: [`stat`] on the host, a stand-in in tests.
+pub type Stat<'a> = &'a dyn Fn(&Path) -> Option<(char, u64, u64)>;
+
 /// The type (`c` or `b`), major and minor of a device file; `None` for anything else.
 pub fn stat(path: &Path) -> Option<(char, u64, u64)> {
     use std::os::unix::fs::{FileTypeExt, MetadataExt};

@@ -13,6 +13,7 @@ use runtimekit_contract::allocation::{Allocation, ContainerAllocation, annotatio
 use runtimekit_injection::given::{Given, NotHere, VARIABLES};
 use runtimekit_injection::grant::{Grant, GrantedCard, Mode};
 use runtimekit_injection::hardware::Hardware;
+use runtimekit_injection::host::Stat;
 use serde_json::{Value, json};
 use std::path::Path;
 
@@ -169,9 +170,6 @@ pub fn plan(spec: &Value, config: &RuntimeConfig) -> Result<Plan, InjectError> {
         },
     )
 }
-
-/// The type, major and minor of a device file.
-pub type Stat<'a> = &'a dyn Fn(&Path) -> Option<(char, u64, u64)>;
 
 /// What `plan` gives on this hardware.
 pub fn given(plan: &Plan, hardware: &Hardware) -> Result<Given, InjectError> {

@@ -8,6 +8,7 @@
 //! to a temporary name and renamed, so the runtime never reads half a file.
 
 use runtimekit_injection::given::Given;
+use runtimekit_injection::host::Stat;
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 
@@ -45,9 +46,6 @@ pub fn claim_of_spec(file_name: &str, driver: &str) -> Option<String> {
         .filter(|uid| !uid.is_empty())
         .map(str::to_owned)
 }
-
-/// Reads a device file's type and numbers.
-pub type Stat<'a> = &'a dyn Fn(&Path) -> Option<(char, u64, u64)>;
 
 /// The CDI device of one request: what `given` gives.
 pub fn device(name: &str, given: &Given, stat: Stat<'_>) -> Value {
