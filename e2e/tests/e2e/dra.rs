@@ -93,17 +93,18 @@ pub(crate) fn claim_pod(name: &str, node: &str, template: &str, script: &str) ->
     }))?)
 }
 
-/// Waits until the pod is bound and its claim `claim` (the pod's name for it) allocated;
-/// returns the claim.
+/// Waits until the pod is bound and its claim allocated: the claim the pod names `claim`, or
+/// with `None` the one kube-scheduler made for its extended resources; returns the claim.
 pub(crate) async fn allocated_claim(
     ctx: &TestContext,
     pod: &str,
-    claim: &str,
+    claim: Option<&str>,
 ) -> Result<ResourceClaim> {
     let pods = ctx.api::<Pod>();
     let claims = ctx.api::<ResourceClaim>();
+    let what = claim.unwrap_or("of its extended resources");
     ctx.wait_for(
-        &format!("pod {pod} bound with claim {claim} allocated"),
+        &format!("pod {pod} bound with claim {what} allocated"),
         WAIT,
         || async {
             let object = pods.get(pod).await?;
@@ -116,21 +117,17 @@ pub(crate) async fn allocated_claim(
                 return Ok(None);
             }
             let status = object.status.unwrap_or_default();
-            let name = status
-                .resource_claim_statuses
-                .unwrap_or_default()
-                .into_iter()
-                .find(|c| c.name == claim)
-                .and_then(|c| c.resource_claim_name)
-                .or_else(|| {
-                    (claim.is_empty())
-                        .then(|| {
-                            status
-                                .extended_resource_claim_status
-                                .map(|s| s.resource_claim_name)
-                        })
-                        .flatten()
-                });
+            let name = match claim {
+                Some(claim) => status
+                    .resource_claim_statuses
+                    .unwrap_or_default()
+                    .into_iter()
+                    .find(|c| c.name == claim)
+                    .and_then(|c| c.resource_claim_name),
+                None => status
+                    .extended_resource_claim_status
+                    .map(|s| s.resource_claim_name),
+            };
             let Some(name) = name else {
                 return Ok(None);
             };
@@ -240,7 +237,7 @@ async fn dra_node_publishes_its_cards_for_kube_scheduler(ctx: TestContext) -> Re
             &claim_pod("whole", &node.name, "whole", "true")?,
         )
         .await?;
-    let whole = allocated_claim(&ctx, "whole", "gpu").await?;
+    let whole = allocated_claim(&ctx, "whole", Some("gpu")).await?;
     let given = devices_of(&whole);
     ensure!(
         given.len() == 2
@@ -266,7 +263,7 @@ async fn dra_node_publishes_its_cards_for_kube_scheduler(ctx: TestContext) -> Re
                 &claim_pod(name, &node.name, "share", "true")?,
             )
             .await?;
-        let claim = allocated_claim(&ctx, name, "gpu").await?;
+        let claim = allocated_claim(&ctx, name, Some("gpu")).await?;
         shared.extend(devices_of(&claim));
     }
     let share_cards: BTreeSet<&str> = shared.iter().map(|(_, d)| d.as_str()).collect();
@@ -291,7 +288,7 @@ async fn dra_node_publishes_its_cards_for_kube_scheduler(ctx: TestContext) -> Re
     ctx.api::<Pod>()
         .create(&PostParams::default(), &unchanged)
         .await?;
-    let extended = allocated_claim(&ctx, "unchanged", "").await?;
+    let extended = allocated_claim(&ctx, "unchanged", None).await?;
     let card = devices_of(&extended);
     ensure!(
         card.len() == 1
@@ -301,7 +298,7 @@ async fn dra_node_publishes_its_cards_for_kube_scheduler(ctx: TestContext) -> Re
         "nvidia.com/gpu: 1 is a free whole card of the DRA node: {card:?} (held {given:?})"
     );
 
-    // A faulted card is tainted (1.36 and later) or withdrawn, and comes back when it heals.
+    // A faulted card is tainted (1.36 and later) or withdrawn (1.35), and comes back healed.
     let free = (0..uuids.len())
         .map(|i| format!("gpu-{i}"))
         .find(|d| {
@@ -323,9 +320,17 @@ async fn dra_node_publishes_its_cards_for_kube_scheduler(ctx: TestContext) -> Re
                     .is_some_and(|t| t.iter().any(|t| t.key == format!("{DRIVER}/unhealthy")))
             })
     };
-    ctx.wait_for("the faulted card tainted or withdrawn", WAIT, || async {
+    // Device taints are on by default from 1.36; before, the card must leave the pool.
+    let version = ctx.client.apiserver_version().await?;
+    let taints = version.minor.trim_end_matches('+').parse::<u32>()? >= 36;
+    let (faulted, expected) = if taints {
+        ("the faulted card tainted", Some(true))
+    } else {
+        ("the faulted card withdrawn", None)
+    };
+    ctx.wait_for(faulted, WAIT, || async {
         let slices = slices_of(&ctx, &node.name).await?;
-        Ok(matches!(offered(&slices), None | Some(true)).then_some(()))
+        Ok((offered(&slices) == expected).then_some(()))
     })
     .await?;
     node.clear(index).await?;

@@ -93,7 +93,7 @@ async fn claims_on_the_real_node(
             &claim_pod(name, node, template, script)?,
         )
         .await?;
-        let claim = allocated_claim(ctx, name, "gpu").await?;
+        let claim = allocated_claim(ctx, name, Some("gpu")).await?;
         let device = devices_of(&claim)
             .first()
             .map(|(_, d)| d.clone())
