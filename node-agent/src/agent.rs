@@ -286,19 +286,26 @@ pub async fn run(options: Options) -> Result<(), AgentError> {
         "device-api",
         dra::mode::until_changed(facts.clone(), names.device_api_label, dra),
     );
+    // On a DRA node whole cards are claimed, never requested by count. (Cards pods already
+    // hold whole through the device plugin are still read from the kubelet, below.)
+    let served: Vec<_> = resources
+        .iter()
+        .filter(|r| !(dra && r.kind.whole()))
+        .cloned()
+        .collect();
+    let whole: Vec<String> = resources
+        .iter()
+        .filter(|r| r.kind.whole())
+        .map(|r| r.name.clone())
+        .collect();
     if options.device_plugin {
-        let whole: Vec<String> = resources
-            .iter()
-            .filter(|r| r.kind.whole())
-            .map(|r| r.name.clone())
-            .collect();
         spawn(
             &mut tasks,
             "pod-resources",
             podresources::poll(
                 options.pod_resources_socket.clone(),
                 state.clone(),
-                whole,
+                whole.clone(),
                 POD_RESOURCES_INTERVAL,
             ),
         );
@@ -307,12 +314,7 @@ pub async fn run(options: Options) -> Result<(), AgentError> {
             "device-plugin",
             DevicePlugins {
                 dir: options.kubelet_dir.clone(),
-                // On a DRA node whole cards are claimed, never requested by count.
-                resources: resources
-                    .iter()
-                    .filter(|r| !(dra && r.kind.whole()))
-                    .cloned()
-                    .collect(),
+                resources: served.clone(),
                 state: state_rx.clone(),
                 pod_resources: Some(options.pod_resources_socket.clone()),
             }
@@ -360,6 +362,9 @@ pub async fn run(options: Options) -> Result<(), AgentError> {
     tokio::spawn(async move {
         if let Ok(state) = first.wait_for(|s| s.inventory.is_some()).await {
             for (resource, (capacity, allocatable)) in summary(&config, &state) {
+                if dra && whole.contains(&resource) {
+                    continue;
+                }
                 tracing::info!(%resource, capacity, allocatable, "advertising");
             }
         }
