@@ -166,15 +166,15 @@ fn start_dra(
         isolation_state_dir: runtime.isolation_state_dir,
         core_policy: runtime.core_policy.variable(),
     };
-    let plugin = dra::plugin::Driver::new(
-        client.clone(),
-        options.node_name.clone(),
-        driver.clone(),
+    let plugin = dra::plugin::Driver::new(dra::plugin::Settings {
+        client: client.clone(),
+        node: options.node_name.clone(),
+        driver: driver.clone(),
         paths,
-        layer.client.clone(),
-        state.clone(),
-        inventory.clone(),
-    )
+        layer: layer.client.clone(),
+        state: state.clone(),
+        inventory: inventory.clone(),
+    })
     .map_err(AgentError::Dra)?;
     tracing::info!(%driver, "the node's cards are given through DRA");
     spawn(

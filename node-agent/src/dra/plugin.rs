@@ -68,6 +68,24 @@ pub struct Paths {
     pub core_policy: &'static str,
 }
 
+/// What the DRA driver works with.
+pub struct Settings {
+    /// The apiserver (claims are read from it).
+    pub client: Client,
+    /// This node (the pool).
+    pub node: String,
+    /// The driver name.
+    pub driver: String,
+    /// Where its files go.
+    pub paths: Paths,
+    /// The resource layer.
+    pub layer: ResourceLayerClient<Channel>,
+    /// What the agent knows; the driver records prepared devices in it.
+    pub state: watch::Sender<NodeState>,
+    /// Lists the cards before a claim is checked.
+    pub inventory: InventoryRefresher,
+}
+
 /// The DRA driver's node side.
 #[derive(Clone)]
 pub struct Driver {
@@ -75,23 +93,23 @@ pub struct Driver {
 }
 
 struct Inner {
-    client: Client,
-    node: String,
-    driver: String,
-    paths: Paths,
-    layer: ResourceLayerClient<Channel>,
-    state: watch::Sender<NodeState>,
-    inventory: InventoryRefresher,
+    settings: Settings,
     /// Held through a whole prepare or unprepare, so each sees what the one before did.
     record: Mutex<Checkpoint>,
 }
 
+impl std::fmt::Debug for Settings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Settings")
+            .field("node", &self.node)
+            .field("driver", &self.driver)
+            .finish_non_exhaustive()
+    }
+}
+
 impl std::fmt::Debug for Driver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Driver")
-            .field("node", &self.inner.node)
-            .field("driver", &self.inner.driver)
-            .finish_non_exhaustive()
+        self.inner.settings.fmt(f)
     }
 }
 
@@ -103,26 +121,14 @@ fn claim_ref(claim: &dra::Claim) -> String {
 impl Driver {
     /// A driver; reads the checkpoint (an unreadable one is an error: its claims must not be
     /// forgotten) and records its devices in the node's state.
-    pub fn new(
-        client: Client,
-        node: String,
-        driver: String,
-        paths: Paths,
-        layer: ResourceLayerClient<Channel>,
-        state: watch::Sender<NodeState>,
-        inventory: InventoryRefresher,
-    ) -> Result<Driver, String> {
-        let record = Checkpoint::load(&paths.checkpoint)?;
-        state.send_modify(|s| s.prepared = record.devices());
+    pub fn new(settings: Settings) -> Result<Driver, String> {
+        let record = Checkpoint::load(&settings.paths.checkpoint)?;
+        settings
+            .state
+            .send_modify(|s| s.prepared = record.devices());
         Ok(Driver {
             inner: Arc::new(Inner {
-                client,
-                node,
-                driver,
-                paths,
-                layer,
-                state,
-                inventory,
+                settings,
                 record: Mutex::new(record),
             }),
         })
@@ -130,11 +136,11 @@ impl Driver {
 
     /// The registration and plugin sockets.
     pub fn sockets(&self) -> (PathBuf, PathBuf) {
-        let paths = &self.inner.paths;
+        let paths = &self.inner.settings.paths;
         (
             paths
                 .registry_dir
-                .join(format!("{}-reg.sock", self.inner.driver)),
+                .join(format!("{}-reg.sock", self.inner.settings.driver)),
             paths.plugin_dir.join("dra.sock"),
         )
     }
@@ -153,7 +159,7 @@ impl Driver {
                 }
             };
             let (registration, plugin) = self.sockets();
-            tracing::info!(registration = %registration.display(), plugin = %plugin.display(), driver = %self.inner.driver, "serving the DRA plugin");
+            tracing::info!(registration = %registration.display(), plugin = %plugin.display(), driver = %self.inner.settings.driver, "serving the DRA plugin");
             while registration.exists() && plugin.exists() {
                 tokio::time::sleep(SOCKET_CHECK).await;
             }
@@ -179,7 +185,7 @@ impl Driver {
             .add_service(DraPluginServer::new(self.clone()))
             .serve_with_incoming(plugin_incoming);
         let registrar = Registrar {
-            driver: self.inner.driver.clone(),
+            driver: self.inner.settings.driver.clone(),
             endpoint: plugin.display().to_string(),
         };
         let registering = tonic::transport::Server::builder()
@@ -204,7 +210,11 @@ impl Driver {
     async fn adopt(&self) {
         let record = self.inner.record.lock().await;
         for (uid, claim) in &record.claims {
-            let path = cdi::spec_path(&self.inner.paths.cdi_dir, &self.inner.driver, uid);
+            let path = cdi::spec_path(
+                &self.inner.settings.paths.cdi_dir,
+                &self.inner.settings.driver,
+                uid,
+            );
             let current = std::fs::read_to_string(&path)
                 .ok()
                 .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok());
@@ -219,10 +229,11 @@ impl Driver {
                 }
             }
         }
-        if let Ok(entries) = std::fs::read_dir(&self.inner.paths.cdi_dir) {
+        if let Ok(entries) = std::fs::read_dir(&self.inner.settings.paths.cdi_dir) {
             for entry in entries.flatten() {
                 let name = entry.file_name();
-                let Some(uid) = cdi::claim_of_spec(&name.to_string_lossy(), &self.inner.driver)
+                let Some(uid) =
+                    cdi::claim_of_spec(&name.to_string_lossy(), &self.inner.settings.driver)
                 else {
                     continue;
                 };
@@ -239,7 +250,7 @@ impl Driver {
             .into_iter()
             .filter_map(|d| d.instance_key)
             .collect();
-        let mut layer = self.inner.layer.clone();
+        let mut layer = self.inner.settings.layer.clone();
         let instances = match layer
             .list_instances(pb::ListInstancesRequest::default())
             .await
@@ -263,7 +274,7 @@ impl Driver {
             }
         }
         drop(record);
-        self.inner.inventory.wake();
+        self.inner.settings.inventory.wake();
     }
 
     /// Prepares one claim; the error is what the kubelet shows on the pod.
@@ -273,7 +284,8 @@ impl Driver {
         if let Some(done) = record.claims.get(&claim.uid) {
             return Ok(done.answered.clone());
         }
-        let api: Api<ResourceClaim> = Api::namespaced(inner.client.clone(), &claim.namespace);
+        let api: Api<ResourceClaim> =
+            Api::namespaced(inner.settings.client.clone(), &claim.namespace);
         let object = api
             .get(&claim.name)
             .await
@@ -286,12 +298,12 @@ impl Driver {
                 claim.uid
             ));
         }
-        inner.inventory.refresh().await;
+        inner.settings.inventory.refresh().await;
         let planned = claims::plan(
             &object,
-            &inner.node,
-            &inner.driver,
-            &inner.state.borrow().clone(),
+            &inner.settings.node,
+            &inner.settings.driver,
+            &inner.settings.state.borrow().clone(),
         )?;
         let name = claim_ref(claim);
         let devices: Vec<_> = planned
@@ -299,7 +311,7 @@ impl Driver {
             .map(|p| claims::prepared(&name, &claim.uid, p))
             .collect();
         // Recorded before anything is made, so no GpuSlice is enacted on these cards meanwhile.
-        inner.state.send_modify(|s| {
+        inner.settings.state.send_modify(|s| {
             s.prepared.retain(|p| p.claim_uid != claim.uid);
             s.prepared.extend(devices.iter().cloned());
         });
@@ -317,13 +329,13 @@ impl Driver {
                         folders: made.folders.clone(),
                     },
                 );
-                if let Err(error) = record.save(&inner.paths.checkpoint) {
+                if let Err(error) = record.save(&inner.settings.paths.checkpoint) {
                     record.claims.remove(&claim.uid);
                     self.undo(&claim.uid, &made).await;
                     return Err(error);
                 }
                 tracing::info!(claim = %name, devices = answered.len(), "prepared the claim");
-                inner.inventory.wake();
+                inner.settings.inventory.wake();
                 Ok(answered)
             }
             Err(error) => {
@@ -343,7 +355,7 @@ impl Driver {
         made: &mut Made,
     ) -> Result<(serde_json::Value, Vec<AnsweredDevice>), String> {
         let inner = &self.inner;
-        let mut layer = inner.layer.clone();
+        let mut layer = inner.settings.layer.clone();
         for device in planned {
             let Some((key, spec)) = claims::instance(uid, device) else {
                 continue;
@@ -378,15 +390,16 @@ impl Driver {
                 .map_err(|e| format!("request {request}: {e}"))?;
             if grant.needs_enforcing() {
                 let folder = inner
+                    .settings
                     .paths
                     .isolation_state_dir
                     .join(format!("claim-{uid}-{request}"));
                 made.folders.push(folder.clone());
                 given.enforcement = Some(host::make_isolation_folder(&IsolationFolder {
-                    library: &inner.paths.isolation_library,
+                    library: &inner.settings.paths.isolation_library,
                     folder,
                     image_preload: "",
-                    core_policy: inner.paths.core_policy,
+                    core_policy: inner.settings.paths.core_policy,
                 })?);
             }
             devices.push(cdi::device(
@@ -396,19 +409,19 @@ impl Driver {
             ));
             ids.insert(
                 request.clone(),
-                cdi::device_id(&inner.driver, uid, &request),
+                cdi::device_id(&inner.settings.driver, uid, &request),
             );
         }
-        let spec = cdi::spec(&inner.driver, devices);
-        let path = cdi::spec_path(&inner.paths.cdi_dir, &inner.driver, uid);
+        let spec = cdi::spec(&inner.settings.driver, devices);
+        let path = cdi::spec_path(&inner.settings.paths.cdi_dir, &inner.settings.driver, uid);
         made.spec = Some(path.clone());
         cdi::write(&path, &spec)?;
-        Ok((spec, answered(object, &inner.driver, &mut ids)))
+        Ok((spec, answered(object, &inner.settings.driver, &mut ids)))
     }
 
     /// Removes what a failed prepare made, and its record in the node's state.
     async fn undo(&self, uid: &str, made: &Made) {
-        let mut layer = self.inner.layer.clone();
+        let mut layer = self.inner.settings.layer.clone();
         for key in &made.instances {
             if let Err(error) = destroy(&mut layer, key).await {
                 tracing::warn!(%key, %error, "cannot destroy the instance of a failed prepare (removed at the next start)");
@@ -416,9 +429,10 @@ impl Driver {
         }
         remove_files(made.spec.as_deref(), &made.folders);
         self.inner
+            .settings
             .state
             .send_modify(|s| s.prepared.retain(|p| p.claim_uid != uid));
-        self.inner.inventory.wake();
+        self.inner.settings.inventory.wake();
     }
 
     /// Unprepares one claim: what was made for it is destroyed, its files removed.
@@ -428,18 +442,23 @@ impl Driver {
         let Some(done) = record.claims.get(&claim.uid).cloned() else {
             return Ok(());
         };
-        let mut layer = inner.layer.clone();
+        let mut layer = inner.settings.layer.clone();
         for key in done.devices.iter().filter_map(|d| d.instance_key.as_ref()) {
             destroy(&mut layer, key).await?;
         }
-        let spec = cdi::spec_path(&inner.paths.cdi_dir, &inner.driver, &claim.uid);
+        let spec = cdi::spec_path(
+            &inner.settings.paths.cdi_dir,
+            &inner.settings.driver,
+            &claim.uid,
+        );
         remove_files(Some(&spec), &done.folders);
         record.claims.remove(&claim.uid);
-        record.save(&inner.paths.checkpoint)?;
+        record.save(&inner.settings.paths.checkpoint)?;
         inner
+            .settings
             .state
             .send_modify(|s| s.prepared.retain(|p| p.claim_uid != claim.uid));
-        inner.inventory.wake();
+        inner.settings.inventory.wake();
         tracing::info!(claim = %claim_ref(claim), "unprepared the claim");
         Ok(())
     }
