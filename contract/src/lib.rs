@@ -6,6 +6,7 @@
 
 pub mod allocation;
 pub mod config;
+pub mod dra;
 pub mod mig;
 pub mod quantity;
 pub mod request;

@@ -155,7 +155,7 @@ fn start_dra(
     inventory: &InventoryRefresher,
     facts: &node_watch::Facts,
 ) -> Result<(), AgentError> {
-    let driver = dra::names::driver_name(&options.config.resource_prefix);
+    let driver = runtimekit_contract::dra::driver_name(&options.config.resource_prefix);
     let runtime = RuntimeConfig::load(&options.dra.lj_runtime_config).map_err(AgentError::Dra)?;
     let paths = dra::plugin::Paths {
         registry_dir: options.dra.registry_dir.clone(),
@@ -164,7 +164,7 @@ fn start_dra(
         checkpoint: options.dra.checkpoint.clone(),
         isolation_library: runtime.isolation_library,
         isolation_state_dir: runtime.isolation_state_dir,
-        core_policy: runtime.core_policy.variable(),
+        core_policy: runtime.core_policy,
     };
     let plugin = dra::plugin::Driver::new(dra::plugin::Settings {
         client: client.clone(),

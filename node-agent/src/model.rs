@@ -217,6 +217,29 @@ pub struct NodeState {
     pub own_pods: BTreeSet<String>,
     /// The devices the DRA plugin prepared for claims on this node.
     pub prepared: Vec<PreparedDevice>,
+    /// The containers using each claim (`<namespace>/<name>`), as the kubelet's pod resources
+    /// list them (empty when that API cannot be reached).
+    pub claim_users: BTreeMap<String, Vec<ClaimUser>>,
+}
+
+/// A container using a ResourceClaim.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ClaimUser {
+    /// The pod's namespace (the claim's).
+    pub namespace: String,
+    /// The pod's name.
+    pub pod: String,
+    /// The container.
+    pub container: String,
+}
+
+/// A pod a claim is reserved for (`status.reservedFor`) when it was prepared.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ClaimPod {
+    /// The pod's name, in the claim's namespace.
+    pub name: String,
+    /// Its UID, by which its processes are found.
+    pub uid: String,
 }
 
 /// One device of a ResourceClaim that the DRA plugin prepared on this node.
@@ -241,6 +264,9 @@ pub struct PreparedDevice {
     pub core: Option<u32>,
     /// A share's memory cap in MiB.
     pub memory_mib: Option<u64>,
+    /// The pods the claim was reserved for.
+    #[serde(default)]
+    pub pods: Vec<ClaimPod>,
 }
 
 impl PreparedDevice {

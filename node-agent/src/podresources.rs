@@ -1,9 +1,10 @@
 //! Which cards the kubelet gave whole to pods, from its pod-resources API: the same card is
 //! offered under two whole-card names (`<prefix>/gpu` and `nvidia.com/gpu`), and the kubelet
 //! keeps their books apart, so the agent reads them to keep a card given under one name from
-//! being given again under the other, or shared.
+//! being given again under the other, or shared. The same listing says which containers use
+//! each ResourceClaim, which the exporter labels a claim's series with.
 
-use crate::model::{Inventory, NodeState, WholeHolder};
+use crate::model::{ClaimUser, Inventory, NodeState, WholeHolder};
 use runtimekit_proto::podresources::v1 as pr;
 use runtimekit_proto::podresources::v1::pod_resources_lister_client::PodResourcesListerClient;
 use std::collections::{BTreeMap, BTreeSet};
@@ -66,7 +67,30 @@ pub fn held_whole(
     held
 }
 
-/// Keeps `held_whole` in the node state current, polling every `interval`; while the API
+/// The containers using each claim (`<namespace>/<name>`), from the kubelet's listing.
+pub fn claim_users(pods: &[pr::PodResources]) -> BTreeMap<String, Vec<ClaimUser>> {
+    let mut users: BTreeMap<String, Vec<ClaimUser>> = BTreeMap::new();
+    for pod in pods {
+        for container in &pod.containers {
+            for claim in &container.dynamic_resources {
+                let user = ClaimUser {
+                    namespace: pod.namespace.clone(),
+                    pod: pod.name.clone(),
+                    container: container.name.clone(),
+                };
+                let key = format!("{}/{}", claim.claim_namespace, claim.claim_name);
+                let list = users.entry(key).or_default();
+                if !list.contains(&user) {
+                    list.push(user);
+                    list.sort();
+                }
+            }
+        }
+    }
+    users
+}
+
+/// Keeps `held_whole` and `claim_users` in the node state current, polling every `interval`; while the API
 /// cannot be reached, nothing is known to be held.
 pub async fn poll(
     socket: PathBuf,
@@ -76,7 +100,7 @@ pub async fn poll(
 ) {
     let mut reachable = None;
     loop {
-        let held = match list(&socket).await {
+        let (held, users) = match list(&socket).await {
             Ok(pods) => {
                 if reachable != Some(true) {
                     tracing::info!(socket = %socket.display(), "reading the kubelet's pod resources");
@@ -105,19 +129,23 @@ pub async fn poll(
                         .retain(|p| listed.contains(p) || slices.contains(p));
                     s.own_pods.len() != before
                 });
-                held_whole(&pods, &inventory, &whole, &own)
+                (
+                    held_whole(&pods, &inventory, &whole, &own),
+                    claim_users(&pods),
+                )
             }
             Err(error) => {
                 if reachable != Some(false) {
                     tracing::info!(%error, "the kubelet's pod-resources API cannot be read; cards given whole are not tracked");
                     reachable = Some(false);
                 }
-                BTreeMap::new()
+                (BTreeMap::new(), BTreeMap::new())
             }
         };
         state.send_if_modified(|s| {
-            let changed = s.held_whole != held;
+            let changed = s.held_whole != held || s.claim_users != users;
             s.held_whole = held;
+            s.claim_users = users;
             changed
         });
         tokio::time::sleep(interval).await;

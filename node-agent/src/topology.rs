@@ -3,6 +3,7 @@
 
 use crate::model::{NodeState, PreparedDevice, mig_enabled, numa_node};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use runtimekit_contract::dra::CLAIM_HOLDER;
 use runtimekit_crds::{
     CONDITION_READY, CardHealth, CardStatus, MigInstanceStatus, NicStatus, TopologyCapacity,
     TopologyGroupStatus, Vendor, set_condition,
@@ -134,9 +135,6 @@ pub fn held_outside(state: &NodeState, index: u32) -> Vec<String> {
     pods.extend(claims);
     pods
 }
-
-/// How a claim holding a card is named among its holders.
-pub const CLAIM_HOLDER: &str = "resourceclaim/";
 
 /// One NIC's status.
 pub fn nic_status(nic: &pb::Nic) -> NicStatus {

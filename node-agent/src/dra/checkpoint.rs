@@ -111,6 +111,7 @@ impl Checkpoint {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::ClaimPod;
     use runtimekit_crds::SliceMode;
 
     #[test]
@@ -135,6 +136,10 @@ mod tests {
                     instance_key: None,
                     core: None,
                     memory_mib: None,
+                    pods: vec![ClaimPod {
+                        name: "p".into(),
+                        uid: "pod-uid".into(),
+                    }],
                 }],
                 answered: vec![],
                 cdi_spec: serde_json::json!({}),

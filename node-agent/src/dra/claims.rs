@@ -4,9 +4,9 @@
 //! ledger gave away since, or shares beyond a card's capacity fail the claim with a message
 //! naming why, before anything is made, so a card never gets a second tenant it cannot hold.
 
-use super::names::{CAPACITY_CORE, CAPACITY_MEMORY, DeviceName, nic_device};
-use crate::model::{NodeState, PreparedDevice, mig_enabled, tdm_capable};
+use crate::model::{ClaimPod, NodeState, PreparedDevice, mig_enabled, tdm_capable};
 use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClaim};
+use runtimekit_contract::dra::{CAPACITY_CORE, CAPACITY_MEMORY, DeviceName, nic_device};
 use runtimekit_contract::quantity::parse_whole;
 use runtimekit_crds::SliceMode;
 use runtimekit_injection::grant::{Grant, GrantedCard, Mode};
@@ -102,8 +102,13 @@ pub fn base_request(request: &str) -> &str {
     request.split_once('/').map_or(request, |(base, _)| base)
 }
 
-/// The record of a planned device once prepared.
-pub fn prepared(claim: &str, claim_uid: &str, planned: &Planned) -> PreparedDevice {
+/// The record of a planned device once prepared, for the claim reserved for `pods`.
+pub fn prepared(
+    claim: &str,
+    claim_uid: &str,
+    planned: &Planned,
+    pods: &[ClaimPod],
+) -> PreparedDevice {
     let (core, memory_mib) = match &planned.part {
         Part::Share {
             core, memory_mib, ..
@@ -126,7 +131,24 @@ pub fn prepared(claim: &str, claim_uid: &str, planned: &Planned) -> PreparedDevi
             .filter(|_| !planned.admin),
         core,
         memory_mib,
+        pods: pods.to_vec(),
     }
+}
+
+/// The pods a claim is reserved for.
+pub fn reserved_pods(claim: &ResourceClaim) -> Vec<ClaimPod> {
+    claim
+        .status
+        .as_ref()
+        .and_then(|s| s.reserved_for.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|r| r.resource == "pods" && r.api_group.as_deref().unwrap_or_default().is_empty())
+        .map(|r| ClaimPod {
+            name: r.name.clone(),
+            uid: r.uid.clone(),
+        })
+        .collect()
 }
 
 /// The resource-layer instance a planned device needs (a share or a MIG placement, unless

@@ -16,6 +16,7 @@ use super::authority;
 use super::cdi;
 use super::checkpoint::{AnsweredDevice, Checkpoint, PreparedClaim};
 use super::claims::{self, Planned};
+use super::config::{self, RequestConfig};
 use crate::layer::InventoryRefresher;
 use crate::model::NodeState;
 use crate::task::AbortOnDrop;
@@ -24,6 +25,7 @@ use kube::api::Api;
 use kube::{Client, ResourceExt};
 use runtimekit_injection::hardware::Hardware;
 use runtimekit_injection::host::{self, IsolationFolder};
+use runtimekit_lj_runtime::config::CorePolicy;
 use runtimekit_proto::dra::v1 as dra;
 use runtimekit_proto::dra::v1::dra_plugin_server::{DraPlugin, DraPluginServer};
 use runtimekit_proto::pluginregistration as registration;
@@ -31,7 +33,7 @@ use runtimekit_proto::pluginregistration::registration_server::{Registration, Re
 use runtimekit_proto::resource::v1alpha1 as pb;
 use runtimekit_proto::resource::v1alpha1::resource_layer_client::ResourceLayerClient;
 use runtimekit_resource_layer::reason_of;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -64,8 +66,9 @@ pub struct Paths {
     pub isolation_library: PathBuf,
     /// Where their isolation folders are made (the meter reads every folder there).
     pub isolation_state_dir: PathBuf,
-    /// `RUNTIMEKIT_GPU_CORE_POLICY`.
-    pub core_policy: &'static str,
+    /// The node's core policy (`RUNTIMEKIT_GPU_CORE_POLICY`), unless a claim's configuration
+    /// sets another.
+    pub core_policy: CorePolicy,
 }
 
 /// What the DRA driver works with.
@@ -306,9 +309,12 @@ impl Driver {
             &inner.settings.state.borrow().clone(),
         )?;
         let name = claim_ref(claim);
+        let configs = config::read(&object, &inner.settings.driver, &planned)
+            .map_err(|e| format!("ResourceClaim {name}: {e}"))?;
+        let pods = claims::reserved_pods(&object);
         let devices: Vec<_> = planned
             .iter()
-            .map(|p| claims::prepared(&name, &claim.uid, p))
+            .map(|p| claims::prepared(&name, &claim.uid, p, &pods))
             .collect();
         // Recorded before anything is made, so no GpuSlice is enacted on these cards meanwhile.
         inner.settings.state.send_modify(|s| {
@@ -316,7 +322,10 @@ impl Driver {
             s.prepared.extend(devices.iter().cloned());
         });
         let mut made = Made::default();
-        match self.make(&object, &claim.uid, &planned, &mut made).await {
+        match self
+            .make(&object, &claim.uid, &planned, &configs, &mut made)
+            .await
+        {
             Ok((spec, answered)) => {
                 record.claims.insert(
                     claim.uid.clone(),
@@ -352,6 +361,7 @@ impl Driver {
         object: &ResourceClaim,
         uid: &str,
         planned: &[Planned],
+        configs: &BTreeMap<String, RequestConfig>,
         made: &mut Made,
     ) -> Result<(serde_json::Value, Vec<AnsweredDevice>), String> {
         let inner = &self.inner;
@@ -384,7 +394,7 @@ impl Driver {
             .into_inner();
         let hardware = Hardware::from_listing(&listing);
         let mut devices = Vec::new();
-        let mut ids = std::collections::BTreeMap::new();
+        let mut ids = BTreeMap::new();
         for (request, grant) in claims::grants(uid, planned) {
             let mut given = runtimekit_injection::given::given(Some(&grant), &hardware)
                 .map_err(|e| format!("request {request}: {e}"))?;
@@ -399,7 +409,11 @@ impl Driver {
                     library: &inner.settings.paths.isolation_library,
                     folder,
                     image_preload: "",
-                    core_policy: inner.settings.paths.core_policy,
+                    core_policy: configs
+                        .get(&request)
+                        .and_then(|c| c.core_policy)
+                        .unwrap_or(inner.settings.paths.core_policy)
+                        .variable(),
                 })?);
             }
             devices.push(cdi::device(
@@ -511,7 +525,7 @@ struct Made {
 fn answered(
     claim: &ResourceClaim,
     driver: &str,
-    ids: &mut std::collections::BTreeMap<String, String>,
+    ids: &mut BTreeMap<String, String>,
 ) -> Vec<AnsweredDevice> {
     claim
         .status

@@ -19,14 +19,6 @@
 //! counts claims itself. A faulted card is tainted `NoSchedule` where the release keeps device
 //! taints, else not offered, and comes back when it heals.
 
-use super::names::{
-    ATTR_COMPUTE_SLICES, ATTR_HEALTHY, ATTR_HYPER_NODE, ATTR_INDEX, ATTR_INTERCONNECT_GROUP,
-    ATTR_LEAF_SWITCH, ATTR_MEMORY_SLICES, ATTR_MIG_CAPABLE, ATTR_NAME, ATTR_NETWORK_POD,
-    ATTR_NUMA_NODE, ATTR_PCIE_SWITCH, ATTR_PLACEMENT_START, ATTR_PRODUCT_NAME, ATTR_PROFILE,
-    ATTR_SOCKET, ATTR_TYPE, ATTR_UUID, ATTR_VENDOR, CAPACITY_CORE, CAPACITY_MEMORY, CARD_COUNTER,
-    COMPUTE_COUNTER, DeviceKind, STANDARD_NUMA_NODE, STANDARD_PCI_BUS_ID, counter_set,
-    memory_slice_counter, mig_device, nic_device, share_device, unhealthy_taint, whole_device,
-};
 use crate::model::{NodeState, instance_key, mig_enabled, numa_node, tdm_capable};
 use k8s_openapi::api::resource::v1::{
     CapacityRequestPolicy, CapacityRequestPolicyRange, Counter, CounterSet, Device,
@@ -35,6 +27,14 @@ use k8s_openapi::api::resource::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use runtimekit_contract::RuntimeKitConfig;
 use runtimekit_contract::config::{MemoryUnit, SWITCHED_OFF};
+use runtimekit_contract::dra::{
+    ATTR_COMPUTE_SLICES, ATTR_HEALTHY, ATTR_HYPER_NODE, ATTR_INDEX, ATTR_INTERCONNECT_GROUP,
+    ATTR_LEAF_SWITCH, ATTR_MEMORY_SLICES, ATTR_MIG_CAPABLE, ATTR_NAME, ATTR_NETWORK_POD,
+    ATTR_NUMA_NODE, ATTR_PCIE_SWITCH, ATTR_PLACEMENT_START, ATTR_PRODUCT_NAME, ATTR_PROFILE,
+    ATTR_SOCKET, ATTR_TYPE, ATTR_UUID, ATTR_VENDOR, CAPACITY_CORE, CAPACITY_MEMORY, CARD_COUNTER,
+    COMPUTE_COUNTER, DeviceKind, STANDARD_NUMA_NODE, STANDARD_PCI_BUS_ID, counter_set,
+    memory_slice_counter, mig_device, nic_device, share_device, unhealthy_taint, whole_device,
+};
 use runtimekit_crds::SliceMode;
 use runtimekit_proto::resource::v1alpha1 as pb;
 use std::collections::{BTreeMap, BTreeSet};

@@ -523,6 +523,7 @@ mod tests {
             instance_key: None,
             core: None,
             memory_mib: None,
+            pods: Vec::new(),
         };
         // Given for monitoring only, the card stays the kit's.
         state.prepared.push(prepared(None));

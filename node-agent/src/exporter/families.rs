@@ -8,12 +8,14 @@
 //! - Container series (`DCGM_FI_CONTAINER_*`) add `pod`, `namespace`, `container_name`, and
 //!   `GPU_I_PROFILE`/`GPU_I_ID` on MIG slices. They carry only that container's use, never a
 //!   copy of the card's: the memory and SM time of its own processes (on MIG, of its instance).
-//!   One series per slice, so series of ended pods go with their slices.
+//!   One series per slice, so series of ended pods go with their slices; a prepared
+//!   ResourceClaim's card gets one per container using it, labelled alike.
 //! - dcgm-exporter's counters (energy, ECC, replays, throttle time...) are exported as gauges:
 //!   Prometheus' text format wants a counter's name to end in `_total`, and the DCGM names must
 //!   stay as dashboards query them.
 
-use crate::model::{NodeState, SliceInfo};
+use super::holdings::{Holding, holdings};
+use crate::model::NodeState;
 use runtimekit_crds::SliceMode;
 use runtimekit_proto::resource::v1alpha1 as pb;
 use std::collections::BTreeMap;
@@ -336,16 +338,18 @@ struct SliceUse {
     core_limit_percent: Option<f64>,
 }
 
-/// What slice `slice` on `device` uses and may use.
-fn slice_use(inputs: &Inputs<'_>, device: &pb::Device, slice: &SliceInfo) -> SliceUse {
+/// What holding `slice` on `device` uses and may use.
+fn slice_use(inputs: &Inputs<'_>, device: &pb::Device, slice: &Holding) -> SliceUse {
     let card = inputs
         .metrics
         .iter()
         .find(|m| m.device_index == device.index);
     match slice.mode {
         SliceMode::Mig => {
-            let key = slice.key();
-            let instance = inputs.instances.iter().find(|i| i.key == key);
+            let instance = inputs
+                .instances
+                .iter()
+                .find(|i| i.key == slice.instance_key);
             SliceUse {
                 memory_mib: count(instance.and_then(|i| i.memory_used_mib)),
                 sm_percent: f(instance.and_then(|i| i.sm_util_percent)),
@@ -390,7 +394,7 @@ fn container_families(inputs: &Inputs<'_>) -> Vec<Family> {
     let mut sm = Vec::new();
     let mut memory_limit = Vec::new();
     let mut core_limit = Vec::new();
-    for slice in &inputs.state.slices {
+    for slice in &holdings(inputs.state) {
         let Some(device) = inputs.devices().find(|d| d.index == slice.card) else {
             continue;
         };
@@ -401,18 +405,23 @@ fn container_families(inputs: &Inputs<'_>) -> Vec<Family> {
             ("container_name", slice.container.clone()),
         ]);
         if slice.mode == SliceMode::Mig {
-            let gi = device
+            let instance = device
                 .instances
                 .iter()
-                .find(|i| i.key == slice.key())
+                .find(|i| i.key == slice.instance_key);
+            let gi = instance
                 .and_then(|i| i.mig.as_ref())
                 .map(|m| m.gpu_instance_id.to_string())
                 .unwrap_or_default();
+            // A claim's profile is its instance's.
+            let profile = slice.mig_profile.clone().or_else(|| {
+                match instance?.spec.as_ref()?.kind.as_ref()? {
+                    pb::instance_spec::Kind::Mig(mig) => Some(mig.profile.clone()),
+                    _ => None,
+                }
+            });
             labels.extend([
-                (
-                    "GPU_I_PROFILE",
-                    slice.mig_profile.clone().unwrap_or_default(),
-                ),
+                ("GPU_I_PROFILE", profile.unwrap_or_default()),
                 ("GPU_I_ID", gi),
             ]);
         }

@@ -5,6 +5,7 @@
 
 pub mod collect;
 pub mod families;
+pub mod holdings;
 mod pids;
 pub mod switch;
 

@@ -65,6 +65,7 @@ fn other_claim(card: u32, mode: SliceMode, core: Option<u32>) -> PreparedDevice 
         instance_key: None,
         core,
         memory_mib: core.map(|_| 1024),
+        pods: Vec::new(),
     }
 }
 
@@ -118,7 +119,7 @@ fn a_free_card_a_share_a_placement_and_a_nic_are_planned() {
         ],
         "another driver's result is not this node's to prepare"
     );
-    let record = prepared("team/claim-u1", "u1", &planned[1]);
+    let record = prepared("team/claim-u1", "u1", &planned[1], &[]);
     assert_eq!(
         record.instance_key.as_deref(),
         Some("dra:u1:gpu:gpu-1-share")
@@ -127,7 +128,7 @@ fn a_free_card_a_share_a_placement_and_a_nic_are_planned() {
         record.instance_key.as_deref().unwrap_or_default()
     ));
     assert_eq!(
-        prepared("team/claim-u1", "u1", &planned[0]).instance_key,
+        prepared("team/claim-u1", "u1", &planned[0], &[]).instance_key,
         None
     );
     let (key, spec) = instance("u1", &planned[2]).expect("a MIG placement is made");

@@ -263,6 +263,7 @@ fn a_claims_own_instance_stays_offered_for_the_allocator_to_count() {
         instance_key: Some("dra:uid-1:mig:gpu-3-mig-3g40gb-4".into()),
         core: None,
         memory_mib: None,
+        pods: Vec::new(),
     }];
     let pool = publish(&state, &[], true);
     assert!(names(&pool).contains(&"gpu-3-mig-3g40gb-4".to_owned()));

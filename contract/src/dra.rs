@@ -1,6 +1,7 @@
-//! The names the DRA driver publishes under: its driver name, its devices', counters',
-//! attributes' and capacities', and the kinds of device it offers. Users select on these in
-//! claims and DeviceClasses (`config/dra/`), so they are part of the product's interface.
+//! The names the node agent's DRA driver publishes under: its driver name, its devices',
+//! counters', attributes' and capacities', and the kinds of device it offers. Users select on
+//! these in claims and DeviceClasses (`config/dra/`), and `kubectl gpu` reads allocations by
+//! them, so they are part of the product's interface.
 
 use k8s_openapi::api::resource::v1::DeviceTaint;
 
@@ -8,6 +9,10 @@ use k8s_openapi::api::resource::v1::DeviceTaint;
 pub fn driver_name(prefix: &str) -> String {
     format!("gpu.runtimekit.{prefix}")
 }
+
+/// How a claim holding a card is named among the card's holders in its TopologyGroup
+/// (`resourceclaim/<namespace>/<name>`).
+pub const CLAIM_HOLDER: &str = "resourceclaim/";
 
 /// The longest driver name the API accepts.
 pub const DRIVER_NAME_MAX: usize = 63;
