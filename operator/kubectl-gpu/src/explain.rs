@@ -47,7 +47,25 @@ pub fn explain(facts: &Facts) -> Explanation {
         .and_then(|s| s.scheduler_name.clone())
         .unwrap_or_else(|| "default-scheduler".into());
     let mut lines = Vec::new();
-    let verdict = if scheduler != facts.scheduler {
+    let verdict = if scheduler != facts.scheduler && !facts.slices.is_empty() {
+        // Its cards come through ResourceClaims of the kit's DRA driver.
+        lines.push(format!(
+            "Pod {namespace}/{name} is placed by {scheduler}, not {}: it holds cards through its ResourceClaims (DRA), which that scheduler allocated and the node agent prepares.",
+            facts.scheduler
+        ));
+        match &node {
+            Some(node) => {
+                let ended = phase
+                    .as_deref()
+                    .filter(|p| matches!(*p, "Succeeded" | "Failed"));
+                placed(facts, &namespace, &name, node, ended, &mut lines);
+            }
+            None => lines.push(format!(
+                "It is not placed yet: {scheduler} says why in the pod's PodScheduled condition."
+            )),
+        }
+        "Claims"
+    } else if scheduler != facts.scheduler {
         lines.push(format!(
             "Pod {namespace}/{name} is placed by {scheduler}, not {}: it gets whole cards only through the kubelet, and no shares.",
             facts.scheduler
@@ -236,6 +254,8 @@ fn phase_words(phase: &str) -> String {
     match phase {
         "Ready" => "ready on the node".into(),
         "Pending" | "Reserved" | "Bound" => "waiting for the node agent".into(),
+        "Claimed" => "given through its ResourceClaim".into(),
+        "Allocated" => "allocated to its ResourceClaim".into(),
         "Creating" => "being created by the node agent".into(),
         other => format!("phase {other}"),
     }
@@ -296,6 +316,32 @@ mod tests {
                 "Pod ml/infer runs on node n1, under np-1/leaf-1 (network pod / leaf switch / HyperNode).",
                 "Container app holds a time-division share (30% 4Gi) of card 2 NVIDIA H800 (GPU-2), ready on the node.",
                 "That card is unhealthy now (XID 79); the pod keeps it, and no new work goes there.",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_pod_of_the_default_scheduler_is_told_what_its_claims_hold() {
+        let pod = pod(json!({"metadata": {"name": "infer", "namespace": "ml"},
+            "spec": {"nodeName": "n1", "containers": []}}));
+        let cards = [card_row()];
+        let mut claimed = slice_row();
+        claimed.phase = "Claimed".into();
+        claimed.mode = "Whole".into();
+        let said = explain(&Facts {
+            pod: &pod,
+            scheduler: "lj-runtimekit-scheduler",
+            slices: &[claimed],
+            node_cards: &cards,
+            gang: None,
+        });
+        assert_eq!(said.verdict, "Claims");
+        assert_eq!(
+            said.lines[..3],
+            [
+                "Pod ml/infer is placed by default-scheduler, not lj-runtimekit-scheduler: it holds cards through its ResourceClaims (DRA), which that scheduler allocated and the node agent prepares.",
+                "Pod ml/infer runs on node n1, under np-1/leaf-1 (network pod / leaf switch / HyperNode).",
+                "Container app holds the whole card of card 2 NVIDIA H800 (GPU-2), given through its ResourceClaim.",
             ]
         );
     }

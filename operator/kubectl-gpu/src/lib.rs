@@ -3,6 +3,7 @@
 //! - [`cards`]: each node's cards with their mode, free compute and memory, MIG instances and
 //!   free placements, health and network position (`kubectl gpu nodes`);
 //! - [`slices`]: the slices each pod holds (`kubectl gpu pods`);
+//! - [`claims`]: what DRA ResourceClaims of the kit's driver hold, read as the ledger's slices;
 //! - [`explain`]: why a pod is where it is, or why it is Pending, in plain words
 //!   (`kubectl gpu explain POD`);
 //! - [`fit`]: where a pod would land now and why, or why nowhere, without creating it
@@ -13,6 +14,7 @@
 //! Everything here is pure: `main` lists the objects and prints what these functions return.
 
 pub mod cards;
+pub mod claims;
 pub mod explain;
 pub mod fit;
 pub mod slices;

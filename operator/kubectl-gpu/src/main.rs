@@ -5,6 +5,7 @@
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use k8s_openapi::api::resource::v1::ResourceClaim;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::ListParams;
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -13,6 +14,7 @@ use runtimekit_contract::config::{DEFAULT_SCHEDULER_NAME, JOBSET_NAME_LABEL};
 use runtimekit_contract::{RuntimeKitConfig, parse_pod};
 use runtimekit_crds::{GangGroup, GpuSlice, TopologyGroup};
 use runtimekit_kubectl_gpu::cards::{self, CardRow};
+use runtimekit_kubectl_gpu::claims::{self, ClaimEntry};
 use runtimekit_kubectl_gpu::explain::{Facts, explain};
 use runtimekit_kubectl_gpu::fit::{self, Fit};
 use runtimekit_kubectl_gpu::slices::{self, SliceRow};
@@ -48,6 +50,10 @@ struct Cli {
     /// The scheduler name pods of this project set.
     #[arg(long, global = true, default_value = DEFAULT_SCHEDULER_NAME)]
     scheduler_name: String,
+    /// The shared configuration's resource prefix: DRA claims of the driver
+    /// `gpu.runtimekit.<prefix>` are shown beside the slices.
+    #[arg(long, global = true, default_value = "aliyun.com")]
+    resource_prefix: String,
 }
 
 #[derive(Subcommand, Debug)]
@@ -122,9 +128,10 @@ async fn run(cli: Cli) -> Result<String> {
         .clone()
         .unwrap_or_else(|| config.default_namespace.clone());
     let client = Client::try_from(config)?;
+    let driver = runtimekit_contract::dra::driver_name(&cli.resource_prefix);
     match cli.command {
         Command::Nodes => {
-            let rows = cards::rows(&groups(&client).await?, &all_slices(&client).await?);
+            let rows = node_cards(&client, &driver).await?;
             show(cli.output, &rows, nodes_table)
         }
         Command::Pods {
@@ -137,7 +144,13 @@ async fn run(cli: Cli) -> Result<String> {
                 let api: Api<GpuSlice> = Api::namespaced(client.clone(), &namespace);
                 api.list(&ListParams::default()).await?.items
             };
+            let scope = (!all_namespaces).then_some(namespace.as_str());
+            let entries = claim_entries(&client, scope, &groups(&client).await?, &driver).await?;
             let mut rows = slices::rows(&slices);
+            rows.extend(claims::rows(&entries));
+            rows.sort_by(|a, b| {
+                (&a.namespace, &a.pod, &a.container).cmp(&(&b.namespace, &b.pod, &b.container))
+            });
             if let Some(prometheus) = &prometheus {
                 let sm = usage::samples(&query(prometheus, usage::SM_UTIL).await?)
                     .map_err(|e| anyhow::anyhow!("{prometheus}: {e}"))?;
@@ -166,9 +179,18 @@ async fn run(cli: Cli) -> Result<String> {
                 .into_iter()
                 .filter(|s| s.spec.pod.uid == uid)
                 .collect();
+            let entries: Vec<ClaimEntry> =
+                claim_entries(&client, Some(&namespace), &groups(&client).await?, &driver)
+                    .await?
+                    .into_iter()
+                    .filter(|e| e.slice.spec.pod.uid == uid)
+                    .collect();
+            let mut held = slices::rows(&slices);
+            held.extend(claims::rows(&entries));
             let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
             let node_cards: Vec<CardRow> = match &node {
-                Some(node) => cards::rows(&groups(&client).await?, &all_slices(&client).await?)
+                Some(node) => node_cards(&client, &driver)
+                    .await?
                     .into_iter()
                     .filter(|c| &c.node == node)
                     .collect(),
@@ -185,7 +207,7 @@ async fn run(cli: Cli) -> Result<String> {
             let explanation = explain(&Facts {
                 pod: &pod,
                 scheduler: &cli.scheduler_name,
-                slices: &slices::rows(&slices),
+                slices: &held,
                 node_cards: &node_cards,
                 gang: gang.as_ref(),
             });
@@ -334,6 +356,51 @@ async fn groups(client: &Client) -> Result<Vec<TopologyGroup>> {
         .await
         .context("listing TopologyGroups")?
         .items)
+}
+
+/// Every node's cards, with what GpuSlices and the kit's DRA claims hold on them.
+async fn node_cards(client: &Client, driver: &str) -> Result<Vec<CardRow>> {
+    let groups = groups(client).await?;
+    let entries = claim_entries(client, None, &groups, driver).await?;
+    let mut slices = all_slices(client).await?;
+    slices.extend(entries.iter().map(|e| e.slice.clone()));
+    Ok(cards::rows(
+        &claims::without_shown_holders(&groups, &entries),
+        &slices,
+    ))
+}
+
+/// What the kit's DRA claims hold, in `namespace` or everywhere. A caller who may not list
+/// ResourceClaims (or a cluster without DRA) gets the slices alone, and is told so.
+async fn claim_entries(
+    client: &Client,
+    namespace: Option<&str>,
+    groups: &[TopologyGroup],
+    driver: &str,
+) -> Result<Vec<ClaimEntry>> {
+    let (claims_api, pods_api): (Api<ResourceClaim>, Api<Pod>) = match namespace {
+        Some(namespace) => (
+            Api::namespaced(client.clone(), namespace),
+            Api::namespaced(client.clone(), namespace),
+        ),
+        None => (Api::all(client.clone()), Api::all(client.clone())),
+    };
+    let claims = match claims_api.list(&ListParams::default()).await {
+        Ok(list) => list.items,
+        Err(error) => {
+            eprintln!("kubectl gpu: DRA claims not shown: listing ResourceClaims: {error}");
+            return Ok(Vec::new());
+        }
+    };
+    if claims.is_empty() {
+        return Ok(Vec::new());
+    }
+    let pods = pods_api
+        .list(&ListParams::default())
+        .await
+        .context("listing Pods")?
+        .items;
+    Ok(claims::entries(&claims, &pods, groups, driver))
 }
 
 async fn all_slices(client: &Client) -> Result<Vec<GpuSlice>> {

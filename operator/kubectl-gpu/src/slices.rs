@@ -45,7 +45,7 @@ pub fn rows(slices: &[GpuSlice]) -> Vec<SliceRow> {
         };
         key(a).cmp(&key(b))
     });
-    sorted.into_iter().map(row).collect()
+    sorted.into_iter().map(slice_row).collect()
 }
 
 /// A slice's mode (`Whole`, `TDM`, `MIG`) and what of the card it is (`30% 4Gi`, `3g.40gb@4`,
@@ -82,7 +82,8 @@ pub fn nics_sentence(nics: &[String]) -> String {
     )
 }
 
-fn row(slice: &GpuSlice) -> SliceRow {
+/// The row of one slice.
+pub fn slice_row(slice: &GpuSlice) -> SliceRow {
     let spec = &slice.spec;
     let (mode, share) = mode_and_share(spec);
     SliceRow {

@@ -229,6 +229,7 @@ impl Cluster {
             gpu_enabled: info.gpu_enabled,
             tdm_off: SwitchedBy::of(self.settings.switches.tdm, info.switches.tdm),
             mig_off: SwitchedBy::of(self.settings.switches.mig, info.switches.mig),
+            whole_cards_by_dra: !info.switches.whole_cards,
         });
         self.known += 1;
         self.refresh(id);

@@ -3,7 +3,7 @@
 //! These are plain data types with no apiserver behind them; `convert` builds them from
 //! Kubernetes objects and the project's custom resources.
 
-use runtimekit_contract::config::SWITCHED_OFF;
+use runtimekit_contract::config::{DEVICE_API_DRA, SWITCHED_OFF};
 use runtimekit_contract::{ContainerRequest, ResourceNames, RuntimeKitConfig};
 use std::collections::BTreeMap;
 
@@ -37,6 +37,9 @@ pub struct Switches {
     pub tdm: bool,
     /// MIG instances.
     pub mig: bool,
+    /// Whole cards through the extended resources: off on a node that gives its whole cards
+    /// through DRA (`<prefix>/device-api=dra`), whose kubelet no longer offers them.
+    pub whole_cards: bool,
 }
 
 impl Switches {
@@ -47,6 +50,8 @@ impl Switches {
         Switches {
             tdm: on(&names.tdm_switch_label),
             mig: on(&names.mig_switch_label),
+            whole_cards: labels.get(&names.device_api_label).map(String::as_str)
+                != Some(DEVICE_API_DRA),
         }
     }
 }
@@ -56,6 +61,7 @@ impl Default for Switches {
         Switches {
             tdm: true,
             mig: true,
+            whole_cards: true,
         }
     }
 }
@@ -79,6 +85,7 @@ impl Settings {
             switches: Switches {
                 tdm: config.features.tdm,
                 mig: config.features.mig,
+                whole_cards: true,
             },
         }
     }

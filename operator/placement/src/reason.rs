@@ -33,6 +33,11 @@ pub enum Reason {
     },
     /// The node's agent is not reporting, so its cards are not offered.
     AgentNotReporting,
+    /// The pod asks for whole cards and the node gives them through DRA.
+    WholeCardsByDra {
+        /// The node label that says so.
+        label: String,
+    },
     /// A function the pod needs is switched off, for the cluster or on the node.
     SwitchedOff {
         /// The function.
@@ -257,6 +262,10 @@ impl fmt::Display for Reason {
             Reason::TooManyPods => f.write_str("Too many pods"),
             Reason::NotEnabled { label } => write!(f, "node(s) were not labelled {label}=true"),
             Reason::AgentNotReporting => f.write_str("node(s) had no node agent reporting"),
+            Reason::WholeCardsByDra { label } => write!(
+                f,
+                "node(s) gave whole cards through DRA ({label}): ask for them with a ResourceClaim under the default scheduler"
+            ),
             Reason::SwitchedOff {
                 function,
                 switch,

@@ -126,6 +126,8 @@ pub(crate) struct Spec {
     /// Whether, and by what, time-division shares and MIG instances are switched off here.
     pub tdm_off: Option<SwitchedBy>,
     pub mig_off: Option<SwitchedBy>,
+    /// Whether the node gives its whole cards through DRA, not through the extended resources.
+    pub whole_cards_by_dra: bool,
 }
 
 impl Spec {

@@ -116,6 +116,16 @@ fn node_labels_switch_functions_off_only_with_false() {
             .switches;
         assert_eq!((switches.tdm, switches.mig), want, "{tdm} {mig}");
     }
+    // Whole cards leave the extended resources only with the device-API label's `dra`.
+    for (value, whole_cards) in [("dra", false), ("device-plugin", true), ("DRA", true)] {
+        let mut object = node_object();
+        let labels = object.metadata.labels.get_or_insert_default();
+        labels.insert("aliyun.com/device-api".into(), value.into());
+        let switches = NodeInfo::from_node(&object, &names(), &keys)
+            .expect("converts")
+            .switches;
+        assert_eq!(switches.whole_cards, whole_cards, "{value}");
+    }
 }
 
 fn pod_object() -> Pod {

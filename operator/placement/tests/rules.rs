@@ -751,8 +751,30 @@ fn switched_off(name: &str, function: &str) -> NodeInfo {
     info.switches = Switches {
         tdm: function != "tdm",
         mig: function != "mig",
+        whole_cards: true,
     };
     info
+}
+
+#[test]
+fn a_node_giving_whole_cards_through_dra_gets_no_whole_card_pod_of_ours() {
+    let mut c = cluster();
+    let mut dra = node("n1");
+    dra.labels
+        .insert("aliyun.com/device-api".into(), "dra".into());
+    dra.switches = Switches::from_labels(
+        &dra.labels,
+        &runtimekit_contract::RuntimeKitConfig::default().names(),
+    );
+    add(&mut c, dra, &[h800(0)], &[]);
+    assert_eq!(
+        message(&c, &whole("w", 1)),
+        "0/1 nodes are available: 1 node(s) gave whole cards through DRA (aliyun.com/device-api=dra): ask for them with a ResourceClaim under the default scheduler."
+    );
+    // Its shares are still ours to place.
+    assert_eq!(place(&mut c, &tdm("p", Some(30), Some(4))).node, "n1");
+    add(&mut c, node("n2"), &[h800(0)], &[]);
+    assert_eq!(place(&mut c, &whole("w", 1)).node, "n2");
 }
 
 #[test]

@@ -9,6 +9,7 @@ use crate::model::Function;
 use crate::place::CardFail;
 use crate::reason::{CardProblem, GangShortfall, Reason, Unschedulable};
 use crate::state::SwitchedBy;
+use runtimekit_contract::config::DEVICE_API_DRA;
 use runtimekit_contract::config::NODE_ENABLE_LABEL;
 use runtimekit_contract::{CardRequest, WholeCardName};
 
@@ -24,6 +25,8 @@ pub(crate) enum Rejection {
     NodeAffinity,
     NotEnabled,
     AgentNotReporting,
+    /// The pod asks for whole cards and the node gives them through DRA.
+    WholeCardsByDra,
     /// A function the pod needs is switched off on the node.
     SwitchedOff {
         function: Function,
@@ -128,6 +131,9 @@ impl Cluster {
                 label: NODE_ENABLE_LABEL.into(),
             },
             Rejection::AgentNotReporting => Reason::AgentNotReporting,
+            Rejection::WholeCardsByDra => Reason::WholeCardsByDra {
+                label: format!("{}={DEVICE_API_DRA}", names.device_api_label),
+            },
             Rejection::SwitchedOff { function, by } => Reason::SwitchedOff {
                 function,
                 switch: match (by, function) {

@@ -77,6 +77,10 @@ impl Cluster {
                 reject(Rejection::SwitchedOff { function, by });
                 return false;
             }
+            if prep.wants_whole && node.spec.as_ref().is_some_and(|s| s.whole_cards_by_dra) {
+                reject(Rejection::WholeCardsByDra);
+                return false;
+            }
         }
         // Every resource that does not fit is reported, as kube-scheduler does.
         let mut fits = true;

@@ -122,6 +122,8 @@ pub(crate) struct PreparedPod<'p> {
     /// Whether a container asks for time-division shares, or for MIG instances.
     pub wants_tdm: bool,
     pub wants_mig: bool,
+    /// Whether a container asks for whole cards.
+    pub wants_whole: bool,
     pub shape: CardShape,
     /// Nodes matching the nodeSelector, by id bit, computed before scans of every node.
     pub(super) selected_nodes: Option<Vec<u64>>,
@@ -210,6 +212,10 @@ impl Cluster {
                 .containers
                 .iter()
                 .any(|c| matches!(c.cards, CardRequest::Mig { .. })),
+            wants_whole: pod
+                .containers
+                .iter()
+                .any(|c| matches!(c.cards, CardRequest::Whole { .. })),
             shape: CardShape::of(&pod.containers),
             selected_nodes: None,
         }
