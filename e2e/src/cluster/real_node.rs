@@ -28,7 +28,7 @@ pub const ENABLE_LABEL: &str = "lj_runtimekit_enable";
 /// Where the node's files live, under the cluster's folder.
 const NODE_DIR: &str = "node";
 /// lj-runtime's `isolationStateDir` under the node's folder.
-const ISOLATION_DIR: &str = "isolation";
+pub const ISOLATION_DIR: &str = "isolation";
 /// The taint a kubelet with an external cloud provider registers with.
 const UNINITIALIZED: &str = "node.cloudprovider.kubernetes.io/uninitialized";
 /// The resource the agent offers a node's whole cards as, under the default prefix.

@@ -5,11 +5,13 @@
 //! withdrawn before 1.36); the slices go with the node.
 
 use crate::node_agent::AgentNode;
+use crate::plugin::plugin;
 use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::api::{DeleteParams, ListParams, PostParams};
 use runtimekit_e2e::harness::Test;
+use runtimekit_e2e::workspace_binary::workspace_binary;
 use runtimekit_e2e::{TestContext, tests};
 use runtimekit_proto::resource::v1alpha1 as pb;
 use serde_json::json;
@@ -53,7 +55,7 @@ fn device_names(slices: &[ResourceSlice]) -> BTreeSet<String> {
 
 /// A ResourceClaimTemplate of one request of `class`, with `count` devices and, for shares,
 /// the capacity each asks.
-pub(crate) async fn claim_template(
+pub(crate) fn claim_template(
     ctx: &TestContext,
     name: &str,
     class: &str,
@@ -64,10 +66,19 @@ pub(crate) async fn claim_template(
     if let Some(capacity) = capacity {
         exactly["capacity"] = json!({"requests": capacity});
     }
+    template(
+        ctx,
+        name,
+        json!({"requests": [{"name": "gpu", "exactly": exactly}]}),
+    )
+}
+
+/// A ResourceClaimTemplate whose claims ask for `devices` (a `DeviceClaim`).
+pub(crate) fn template(ctx: &TestContext, name: &str, devices: serde_json::Value) -> Result<()> {
     let template = json!({
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
         "metadata": {"name": name, "namespace": ctx.namespace},
-        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}},
+        "spec": {"spec": {"devices": devices}},
     });
     ctx.kubectl_ok(
         &["apply", "--server-side", "-f", "-"],
@@ -140,6 +151,20 @@ pub(crate) async fn allocated_claim(
         },
     )
     .await
+}
+
+/// Whether the slices offer `device` to new claims: published, and not tainted by the driver
+/// (a faulted card is tainted from 1.36, withdrawn before).
+pub(crate) fn usable(slices: &[ResourceSlice], device: &str) -> bool {
+    slices
+        .iter()
+        .flat_map(|s| s.spec.devices.iter().flatten())
+        .find(|d| d.name == device)
+        .is_some_and(|d| {
+            !d.taints
+                .as_ref()
+                .is_some_and(|t| t.iter().any(|t| t.key == format!("{DRIVER}/unhealthy")))
+        })
 }
 
 /// The devices a claim was given from the kit's driver.
@@ -230,7 +255,7 @@ async fn dra_node_publishes_its_cards_for_kube_scheduler(ctx: TestContext) -> Re
     .await?;
 
     // Two whole cards for a claim from a template.
-    claim_template(&ctx, "whole", DRIVER, 2, None).await?;
+    claim_template(&ctx, "whole", DRIVER, 2, None)?;
     ctx.api::<Pod>()
         .create(
             &PostParams::default(),
@@ -253,8 +278,7 @@ async fn dra_node_publishes_its_cards_for_kube_scheduler(ctx: TestContext) -> Re
         &format!("share.{DRIVER}"),
         1,
         Some(json!({"core": "60", "memory": "8Gi"})),
-    )
-    .await?;
+    )?;
     let mut shared = Vec::new();
     for name in ["share-a", "share-b"] {
         ctx.api::<Pod>()
@@ -296,6 +320,40 @@ async fn dra_node_publishes_its_cards_for_kube_scheduler(ctx: TestContext) -> Re
             && !card[0].1.contains("-share")
             && !held.contains(&card[0].1),
         "nvidia.com/gpu: 1 is a free whole card of the DRA node: {card:?} (held {given:?})"
+    );
+
+    // `kubectl gpu` shows what the claims hold beside the ledger's slices.
+    let binary = workspace_binary("runtimekit-kubectl-gpu", "kubectl-gpu")?;
+    let kubeconfig = ctx.kubeconfig_for("plugin-admin", &["system:masters"])?;
+    let namespace = format!("--namespace={}", ctx.namespace);
+    let rows: serde_json::Value = serde_json::from_str(&plugin(
+        &binary,
+        &kubeconfig,
+        &["pods", &namespace, "-o", "json"],
+    )?)?;
+    let shown: BTreeSet<(String, String, String)> = rows
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| {
+            let text = |k: &str| r[k].as_str().unwrap_or_default().to_owned();
+            (text("pod"), text("mode"), text("phase"))
+        })
+        .collect();
+    for (pod, mode) in [
+        ("whole", "Whole"),
+        ("share-a", "TDM"),
+        ("unchanged", "Whole"),
+    ] {
+        ensure!(
+            shown.contains(&(pod.into(), mode.into(), "Claimed".into())),
+            "kubectl gpu pods shows {pod}'s claim: {rows}"
+        );
+    }
+    let nodes = plugin(&binary, &kubeconfig, &["nodes", "-o", "json"])?;
+    ensure!(
+        nodes.contains(&format!("{}/whole", ctx.namespace)),
+        "kubectl gpu nodes names the pod holding a claimed card: {nodes}"
     );
 
     // A faulted card is tainted (1.36 and later) or withdrawn (1.35), and comes back healed.

@@ -16,7 +16,7 @@ use std::time::Duration;
 pub const TESTS: &[Test] = tests![kubectl_gpu_tells_nodes_pods_and_why];
 
 /// Runs `kubectl-gpu` with `args` as the cluster's administrator: its output, or its error.
-fn plugin(binary: &Path, kubeconfig: &Path, args: &[&str]) -> Result<String> {
+pub(crate) fn plugin(binary: &Path, kubeconfig: &Path, args: &[&str]) -> Result<String> {
     let output = std::process::Command::new(binary)
         .env("KUBECONFIG", kubeconfig)
         .args(args)

@@ -142,7 +142,7 @@ async fn real_node_runs_containers(ctx: TestContext) -> Result<()> {
 
 /// What a container of the kit prints about itself: its card device files, MIG capability
 /// files, RDMA files and the kit's variables.
-const SHOW: &str = "echo \"DEV $(cd /dev && ls -d nvidia[0-9]* 2>/dev/null | tr '\\n' ' ')\"; \
+pub(crate) const SHOW: &str = "echo \"DEV $(cd /dev && ls -d nvidia[0-9]* 2>/dev/null | tr '\\n' ' ')\"; \
     echo \"CAPS $(ls /dev/nvidia-caps 2>/dev/null | tr '\\n' ' ')\"; \
     echo \"IB $(ls /dev/infiniband 2>/dev/null | tr '\\n' ' ')\"; \
     env | grep -E '^(NVIDIA|RUNTIMEKIT)_' | sort";
@@ -172,15 +172,15 @@ fn example(seed: &str, name: &str, node: &str, script: &str) -> Result<serde_jso
 
 /// What a container showed, read from its log.
 #[derive(Debug, Default)]
-struct Seen {
-    cards: BTreeSet<String>,
-    caps: usize,
-    ib: BTreeSet<String>,
-    env: Vec<(String, String)>,
+pub(crate) struct Seen {
+    pub(crate) cards: BTreeSet<String>,
+    pub(crate) caps: usize,
+    pub(crate) ib: BTreeSet<String>,
+    pub(crate) env: Vec<(String, String)>,
 }
 
 impl Seen {
-    fn read(log: &str) -> Seen {
+    pub(crate) fn read(log: &str) -> Seen {
         let words = |rest: &str| rest.split_whitespace().map(str::to_owned).collect();
         let mut seen = Seen::default();
         for line in log.lines() {
@@ -197,7 +197,7 @@ impl Seen {
         seen
     }
 
-    fn var(&self, name: &str) -> Option<&str> {
+    pub(crate) fn var(&self, name: &str) -> Option<&str> {
         self.env
             .iter()
             .find(|(k, _)| k == name)
@@ -206,7 +206,7 @@ impl Seen {
 }
 
 /// Creates `pod`, waits until it succeeded and returns it with what its container showed.
-async fn run(ctx: &TestContext, pod: serde_json::Value) -> Result<(Pod, Seen)> {
+pub(crate) async fn run(ctx: &TestContext, pod: serde_json::Value) -> Result<(Pod, Seen)> {
     let name = pod["metadata"]["name"]
         .as_str()
         .unwrap_or_default()
@@ -555,7 +555,7 @@ async fn allocatable_ids(node: &RealNode, resource: &str) -> Result<BTreeSet<Str
 }
 
 /// The keys of the instances the real node's resource layer holds.
-async fn instance_keys(node: &RealNode) -> Result<BTreeSet<String>> {
+pub(crate) async fn instance_keys(node: &RealNode) -> Result<BTreeSet<String>> {
     let mut client = runtimekit_resource_layer::resource_client(&node.layer_socket).await?;
     let instances = client
         .list_instances(pb::ListInstancesRequest::default())
