@@ -89,7 +89,7 @@ soak-check:
     cargo build --quiet --locked -p runtimekit-operator -p runtimekit-e2e --bin runtimekit-operator --bin soak
     target/debug/soak --minutes 2 --rate 25
 
-# Scheduler benchmark on a real control plane with 1,000 kwok nodes: against kube-scheduler (backlog drains in BENCH_BACKLOG_PAIRS pairs, default 3, medians reported; what one more object per pod costs the apiserver; bursts, three steady runs, Binding ceiling), against Volcano (built on first use, minutes), then grown to BENCH_SCALE_NODES (5,000) with JobSet gangs; a table per part, then JSON. `BENCH_SMOKE=1` runs the small form CI runs; BENCH_RUNS picks parts (peer-gangs: only Volcano's and our gangs, BENCH_PEER_GANGS of 8, default 100).
+# Scheduler benchmark on a real control plane with 1,000 kwok nodes: against kube-scheduler (backlog drains in BENCH_BACKLOG_PAIRS pairs, default 3, medians reported; what one more object per pod costs the apiserver; bursts, three steady runs, Binding ceiling), kube-scheduler allocating whole-card DRA claims on 100 nodes of 10 cards against ours by nvidia.com/gpu (BENCH_DRA_PAIRS pairs, default 3), against Volcano (built on first use, minutes), then grown to BENCH_SCALE_NODES (5,000) with JobSet gangs; a table per part, then JSON. `BENCH_SMOKE=1` runs the small form CI runs; BENCH_RUNS picks parts (peer-gangs: only Volcano's and our gangs, BENCH_PEER_GANGS of 8, default 100).
 bench-scheduler:
     cargo build --quiet --locked --release -p runtimekit-operator -p runtimekit-e2e --bin runtimekit-operator --bin bench-scheduler
     target/release/bench-scheduler

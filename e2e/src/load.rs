@@ -31,15 +31,19 @@ pub struct Fleet {
     pub prefix: String,
     /// How many nodes.
     pub nodes: usize,
-    /// How many of each node's eight cards are in MIG mode (the last ones).
+    /// Cards per node ([`CARDS`] unless a run needs another count).
+    pub cards: u32,
+    /// How many of each node's cards are in MIG mode (the last ones).
     pub mig_cards: u32,
     /// How often the played agents heartbeat (their `--heartbeat-interval`), recorded in each
     /// TopologyGroup as agents do.
     pub heartbeat: Duration,
 }
 
-/// Cards per fleet node.
+/// Cards per fleet node, unless a fleet says otherwise.
 pub const CARDS: u32 = 8;
+/// The label naming the fleet a node belongs to (its prefix), for runs that keep to one.
+pub const FLEET_LABEL: &str = "runtimekit.bench/fleet";
 
 impl Fleet {
     /// The name of node `i`.
@@ -58,18 +62,19 @@ impl Fleet {
             .map(|i| {
                 let (nodes, groups, params) = (nodes.clone(), groups.clone(), params.clone());
                 let name = self.node(i);
-                let mig_from = CARDS - self.mig_cards;
+                let (cards, prefix) = (self.cards, self.prefix.as_str());
+                let mig_from = cards.saturating_sub(self.mig_cards);
                 async move {
                     let node: Node = serde_json::from_value(json!({
                         "apiVersion": "v1", "kind": "Node",
-                        "metadata": {"name": name, "labels": {"lj_runtimekit_enable": "true", "type": "kwok", "kubernetes.io/hostname": name},
+                        "metadata": {"name": name, "labels": {"lj_runtimekit_enable": "true", "type": "kwok", "kubernetes.io/hostname": name, FLEET_LABEL: prefix},
                                      "annotations": {crate::harness::KWOK_ANNOTATION: "fake"}},
-                        "status": {"capacity": capacity(), "allocatable": capacity()},
+                        "status": {"capacity": capacity(cards), "allocatable": capacity(cards)},
                     }))?;
                     nodes.create(&PostParams::default(), &node).await?;
                     let group = json!({"apiVersion": "runtimekit.aliyun.com/v1alpha1", "kind": "TopologyGroup", "metadata": {"name": name}, "spec": {"tier": "Node", "nodeName": name}});
                     groups.patch(&name, &params, &Patch::Apply(&group)).await?;
-                    let cards: Vec<serde_json::Value> = (0..CARDS)
+                    let cards: Vec<serde_json::Value> = (0..cards)
                         .map(|c| json!({"index": c, "uuid": format!("GPU-{name}-{c}"), "vendor": "Nvidia", "model": "NVIDIA H800", "memoryMib": 81920,
                                         "migCapable": true, "migEnabled": c >= mig_from, "health": "Healthy",
                                         "pcieSwitch": format!("sw{}", c / 2), "numaNode": c / 4, "socket": c / 4}))
@@ -158,8 +163,8 @@ impl Fleet {
     }
 }
 
-fn capacity() -> serde_json::Value {
-    json!({"cpu": "128", "memory": "1Ti", "pods": "110", "nvidia.com/gpu": CARDS.to_string()})
+fn capacity(cards: u32) -> serde_json::Value {
+    json!({"cpu": "128", "memory": "1Ti", "pods": "110", "nvidia.com/gpu": cards.to_string()})
 }
 
 /// Plays the node agents' part once: removes the finalizer of every released slice in `ns`, as

@@ -1,5 +1,5 @@
 //! `just bench-scheduler` in its smoke form (`BENCH_SMOKE`: 50 nodes grown to 80, a few hundred
-//! pods per run, the Volcano peer and small JobSet gangs), so the benchmark's code keeps working
+//! pods per run, the Volcano peer, small JobSet gangs, DRA claims on 10 nodes), so the benchmark's code keeps working
 //! between the runs that measure: every run completes, every table is printed and the last line
 //! is the JSON object with every key the benchmark promises. No figure is judged
 //! here; figures are read from the full run (`docs/benchmarks.md`).
@@ -7,7 +7,7 @@
 use runtimekit_e2e::workspace_binary::workspace_binary;
 use std::process::Command;
 
-const KEYS: [&str; 13] = [
+const KEYS: [&str; 17] = [
     "backlog_ours_pods_per_sec",
     "backlog_kube_scheduler_pods_per_sec",
     "backlog_ratio",
@@ -21,6 +21,10 @@ const KEYS: [&str; 13] = [
     "peer_name",
     "peer_tdm_pods_per_sec",
     "ours_tdm_pods_per_sec",
+    "dra_kube_scheduler_pods_per_sec",
+    "dra_ours_pods_per_sec",
+    "dra_kube_scheduler_requests_per_pod",
+    "dra_ours_requests_per_pod",
 ];
 
 #[test]
@@ -77,6 +81,10 @@ fn the_scheduler_benchmark_runs_in_its_smoke_form() {
         "peer_gangs_pods_per_sec",
         "scale_pods_bound",
         "scale_jobsets_bound",
+        "dra_kube_scheduler_pods_per_sec",
+        "dra_ours_pods_per_sec",
+        "dra_kube_scheduler_requests_per_pod",
+        "dra_ours_requests_per_pod",
     ] {
         assert!(
             report[measured].as_f64().is_some_and(|v| v > 0.0),
@@ -98,6 +106,7 @@ fn the_scheduler_benchmark_runs_in_its_smoke_form() {
         "GPU-sharing peer",
         "Scale:",
         "JobSet gangs",
+        "DRA:",
     ] {
         assert!(stdout.contains(table), "{table} in {stdout}");
     }

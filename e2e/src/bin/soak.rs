@@ -15,7 +15,7 @@ use kube::{Client, ResourceExt};
 use runtimekit_crds::{GpuSlice, SliceMode};
 use runtimekit_e2e::cluster::{Cluster, ClusterOptions};
 use runtimekit_e2e::load::{
-    Fleet, install_runtime_class, namespace, rss_mib, start_operator, tear_down_as_released,
+    CARDS, Fleet, install_runtime_class, namespace, rss_mib, start_operator, tear_down_as_released,
     tear_down_released, wait_operator_ready,
 };
 use serde_json::json;
@@ -123,6 +123,7 @@ async fn soak(cluster: &Cluster, args: &Args) -> Result<()> {
     let fleet = Fleet {
         prefix: "soak".into(),
         nodes: args.nodes,
+        cards: CARDS,
         mig_cards: 2,
         heartbeat: Duration::from_secs(30),
     };

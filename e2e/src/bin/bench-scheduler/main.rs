@@ -8,9 +8,10 @@
 //! GpuSlice, the smallest custom resource, a ConfigMap) priced on this apiserver; 5,000
 //! whole-card pods (`nvidia.com/gpu: 1`) created as fast as the apiserver takes them, for
 //! kube-scheduler and then for ours; the same with time-division shares (ours only); a steady
-//! 100 pods/s for the p99 create-to-bound latency; and the raw Binding ceiling of this
-//! apiserver. Both schedulers are unthrottled on the client side (kube-scheduler's QPS is raised
-//! to 5,000, ours has no limiter). Memory is each process's peak RSS. `BENCH_SMOKE` runs the
+//! 100 pods/s for the p99 create-to-bound latency; the raw Binding ceiling of this apiserver;
+//! and part `dra`, kube-scheduler allocating whole-card ResourceClaims on 100 nodes against
+//! ours placing the same pods by extended resource (`dra.rs`). Both schedulers are unthrottled
+//! on the client side (kube-scheduler's QPS is raised to 5,000, ours has no limiter). Memory is each process's peak RSS. `BENCH_SMOKE` runs the
 //! same code at a few hundred pods on 50 nodes, as CI does so the benchmark cannot rot.
 
 use anyhow::{Context, Result};
@@ -18,6 +19,7 @@ use runtimekit_e2e::cluster::{Cluster, ClusterOptions};
 use runtimekit_e2e::load::{CARDS, Fleet, install_runtime_class, wait_operator_ready};
 use serde_json::json;
 
+mod dra;
 mod measure;
 mod objects;
 mod peer;
@@ -57,6 +59,8 @@ struct Sizes {
     /// Part 3: the nodes the cluster grows to, and its JobSet gangs.
     scale_nodes: usize,
     gangs: &'static [(usize, usize)],
+    /// Part `dra`: nodes, pods per drain, and pairs of drains.
+    dra: dra::DraSizes,
 }
 
 impl Sizes {
@@ -73,6 +77,11 @@ impl Sizes {
                 peer_gangs: (4, 4),
                 scale_nodes: 80,
                 gangs: &scale::SMOKE_GANGS,
+                dra: dra::DraSizes {
+                    nodes: 10,
+                    pods: 100,
+                    pairs: 1,
+                },
             }
         } else {
             Sizes {
@@ -90,6 +99,13 @@ impl Sizes {
                 // BENCH_SCALE_NODES sets another size (docs/benchmarks.md has 3,000 to 5,000).
                 scale_nodes: env_number("BENCH_SCALE_NODES").unwrap_or(5000),
                 gangs: &scale::GANGS,
+                // 1,000 whole-card pods on the 100 DRA nodes of 10 cards; BENCH_DRA_PAIRS sets
+                // the pairs (a pair takes about a minute).
+                dra: dra::DraSizes {
+                    nodes: 100,
+                    pods: 1000,
+                    pairs: env_number("BENCH_DRA_PAIRS").unwrap_or(3).max(1),
+                },
             }
         }
     }
@@ -137,6 +153,7 @@ async fn bench(cluster: &mut Cluster, sizes: Sizes) -> Result<()> {
     let fleet = Fleet {
         prefix: "bench".into(),
         nodes,
+        cards: CARDS,
         mig_cards: 0,
         heartbeat: HEARTBEAT,
     };
@@ -148,7 +165,7 @@ async fn bench(cluster: &mut Cluster, sizes: Sizes) -> Result<()> {
     // BENCH_RUNS (for example `backlog-ours,steady`) picks runs; all but `peer-gangs` (a part
     // of `peer`) run by default.
     let runs = std::env::var("BENCH_RUNS").unwrap_or_else(|_| {
-        "backlog-kube,backlog-ours,objects,kube,ours,tdm,steady,binding,peer,scale".into()
+        "backlog-kube,backlog-ours,objects,kube,ours,tdm,steady,binding,dra,peer,scale".into()
     });
     let wanted = |run: &str| runs.split(',').any(|r| r == run);
     // Every run cleans up after itself, so the next one starts on free cards.
@@ -232,6 +249,11 @@ async fn bench(cluster: &mut Cluster, sizes: Sizes) -> Result<()> {
         Run::default()
     };
 
+    let dra = if wanted("dra") {
+        dra::compare(cluster, &client, &mut operator, &mut processes, sizes.dra).await?
+    } else {
+        dra::Dra::default()
+    };
     let ours_rss = peak_rss(i32::try_from(operator.child.id())?)?;
     let kube_rss = peak_rss(
         cluster
@@ -259,6 +281,7 @@ async fn bench(cluster: &mut Cluster, sizes: Sizes) -> Result<()> {
         let extra = Fleet {
             prefix: "scale".into(),
             nodes: added,
+            cards: CARDS,
             mig_cards: scale::mig_cards_per_added_node(sizes.scale_nodes, added),
             heartbeat: HEARTBEAT,
         };
@@ -288,6 +311,7 @@ async fn bench(cluster: &mut Cluster, sizes: Sizes) -> Result<()> {
         kube_rss,
         comparison,
         scale,
+        dra,
     });
     Ok(())
 }

@@ -35,6 +35,10 @@ pub struct Run {
     /// schedulers' windows are about as long (kwok paces both), so they carry about the same
     /// background.
     pub apiserver_settled_ms: Option<f64>,
+    /// Backlogs only: the apiserver requests per pod from before the pods were created until
+    /// the run settled, of every kind made at least once per two pods, without the played
+    /// agents' heartbeats (background, not the pods' cost).
+    pub requests_per_pod: Option<f64>,
 }
 
 /// The processes whose CPU time a run reports.

@@ -1,5 +1,6 @@
 //! The tables `just bench-scheduler` prints, one per part, and its closing JSON line.
 
+use crate::dra::Dra;
 use crate::measure::{Processes, Run, cpu_of};
 use crate::objects::ObjectCost;
 use crate::peer::{self, Comparison};
@@ -27,6 +28,7 @@ pub struct Results<'a> {
     pub kube_rss: f64,
     pub comparison: Comparison,
     pub scale: Scale,
+    pub dra: Dra,
 }
 
 /// The apiserver's CPU milliseconds per pod of a run.
@@ -56,6 +58,7 @@ pub fn print(results: &Results) {
         kube_rss,
         comparison,
         scale,
+        dra,
     } = results;
     println!(
         "\nscheduler benchmark: {nodes} kwok nodes x {CARDS} cards, {pods} pods per run, 2 cores shared with the control plane\n"
@@ -129,6 +132,7 @@ pub fn print(results: &Results) {
     );
     print_peer(comparison);
     print_scale(scale);
+    crate::dra::print(dra);
     let peer_name = peer::name();
     let steady_p99 = steady.iter().map(|r| r.p99_ms).fold(0.0, f64::max);
     let gang_512 = scale
@@ -138,7 +142,7 @@ pub fn print(results: &Results) {
         .and_then(|(_, times)| times.first().copied().flatten())
         .map(|t| t.bound);
     let pairs = Pair::all(backlog_kube, backlog_ours);
-    let report = json!({
+    let mut report = json!({
         "backlog_ours_pods_per_sec": round(median(backlog_ours.iter().map(|r| r.pods_per_sec))),
         "backlog_kube_scheduler_pods_per_sec": round(median(backlog_kube.iter().map(|r| r.pods_per_sec))),
         "backlog_ratio": round2(median(pairs.iter().map(|p| p.pods_per_sec))),
@@ -170,6 +174,11 @@ pub fn print(results: &Results) {
         "burst_ours_tdm_pods_per_sec": round(tdm.pods_per_sec),
         "binding_ceiling_pods_per_sec": round(ceiling.pods_per_sec),
     });
+    if let (Some(report), serde_json::Value::Object(dra)) =
+        (report.as_object_mut(), crate::dra::json(dra))
+    {
+        report.extend(dra);
+    }
     println!("{report}");
 }
 
@@ -287,7 +296,7 @@ fn print_objects(objects: &[ObjectCost], kube: &[Run]) {
 }
 
 /// The median of `values`; NaN when there are none.
-fn median(values: impl Iterator<Item = f64>) -> f64 {
+pub fn median(values: impl Iterator<Item = f64>) -> f64 {
     let mut values: Vec<f64> = values.collect();
     values.sort_by(f64::total_cmp);
     match values.len() {

@@ -58,6 +58,9 @@ impl Operator {
     }
 }
 
+/// The request of the played agents' heartbeats, left out of a run's requests per pod.
+const HEARTBEAT_REQUEST: &str = "PATCH topologygroups/status";
+
 /// A backlog's pods: the namespace, what each pod is, and how many.
 pub type Pending<'a> = (&'a str, &'a Workload, usize);
 
@@ -136,12 +139,15 @@ impl Backlog {
         let scheduler = &workload.scheduler;
         eprintln!("{ns}: {count} pending pods for {scheduler}, then {scheduler} started");
         namespace(client, ns).await?;
+        // Counted from before the pods: their creates, and what controllers make for them (a
+        // DRA pod's claim), belong to what each pod costs.
+        let requests = apiserver_requests(cluster)?;
         let created = create_pods(client, ns, workload, count).await?;
         let (bound, watch) = watch_bound(client, ns);
         // The watch's first list, before the scheduler starts.
         tokio::time::sleep(Duration::from_secs(1)).await;
         Ok(Backlog {
-            requests: apiserver_requests(cluster)?,
+            requests,
             ns: ns.to_owned(),
             count,
             created,
@@ -181,15 +187,24 @@ impl Backlog {
             settled.as_secs_f64(),
         );
         let requests = apiserver_requests(cluster)?;
-        // The writes behind each bound pod (and the background's, when as many).
+        // The requests behind each bound pod (and the background's, when as many).
         let least = (self.count / 2).max(1) as f64;
-        for (request, n) in requests_since(&self.requests, &requests, least) {
+        let per_pod = requests_since(&self.requests, &requests, least);
+        for (request, n) in &per_pod {
             eprintln!(
                 "{}: {request}: {n:.0} ({:.2} per pod)",
                 self.ns,
                 n / self.count as f64
             );
         }
+        // The played agents' heartbeats run whatever the scheduler does: a drain of half a
+        // minute counts more of them than one per two pods.
+        let requests_per_pod = per_pod
+            .iter()
+            .filter(|(request, _)| request != HEARTBEAT_REQUEST)
+            .map(|(_, n)| n)
+            .sum::<f64>()
+            / self.count as f64;
         let bound = self.bound.lock().map(|b| b.clone()).unwrap_or_default();
         // Latency from the scheduler's start: the pods could not be bound before it.
         let waiting: HashMap<String, Instant> = self
@@ -201,6 +216,7 @@ impl Backlog {
         run.cpu = cpu;
         let settled_ms = settled_cpu * 1000.0 / self.count as f64;
         run.apiserver_settled_ms = Some(settled_ms);
+        run.requests_per_pod = Some(requests_per_pod);
         eprintln!(
             "{}: {:.0} pods/s, p99 {:.0} ms from the start, apiserver CPU {:.2} ms per pod at the last bind, {:.2} until settled",
             self.ns,

@@ -1,14 +1,16 @@
 //! What a run's pods ask for and which scheduler places them: ours or kube-scheduler, or the
 //! peer (Volcano), whose pods also name a PodGroup made for them, as its controller would.
 //! Gangs find their group made before the scheduler starts, for both: Volcano's PodGroup, or
-//! our GangGroup as a user may apply it.
+//! our GangGroup as a user may apply it. DRA pods find their ResourceClaimTemplate made.
 
 use anyhow::Result;
 use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
 use kube::Client;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
 use runtimekit_crds::{GangGroup, GangGroupSpec};
+use runtimekit_e2e::load::FLEET_LABEL;
 use serde_json::{Value, json};
 
 use crate::CONCURRENCY;
@@ -27,6 +29,11 @@ pub struct Workload {
     pub gang: usize,
     /// Volcano's pods: each group of `gang` pods gets a PodGroup and names it.
     pub volcano: bool,
+    /// DRA: each pod asks for one whole card through a claim from the ResourceClaimTemplate of
+    /// this name (made in the run's namespace), instead of through `limits`.
+    pub claim_template: Option<String>,
+    /// The fleet (node name prefix) the pods keep to, if not every node.
+    pub fleet: Option<String>,
 }
 
 impl Workload {
@@ -37,6 +44,24 @@ impl Workload {
             limits,
             gang: 1,
             volcano: false,
+            claim_template: None,
+            fleet: None,
+        }
+    }
+
+    /// The same pods asking for one whole card through a claim of the kit's DRA driver.
+    pub fn through_claims(self, template: &str) -> Workload {
+        Workload {
+            claim_template: Some(template.into()),
+            ..self
+        }
+    }
+
+    /// The same pods on the nodes of `fleet` only.
+    pub fn on_fleet(self, fleet: &str) -> Workload {
+        Workload {
+            fleet: Some(fleet.into()),
+            ..self
         }
     }
 
@@ -63,17 +88,37 @@ impl Workload {
         } else if self.gang > 1 {
             metadata["labels"] = json!({"aliyun.com/gang-name": group, "aliyun.com/min-member": self.gang.to_string()});
         }
+        let mut spec = json!({"schedulerName": self.scheduler, "runtimeClassName": "lj-runtime", "terminationGracePeriodSeconds": 0,
+                     "containers": [{"name": "app", "image": "busybox", "resources": {"limits": self.limits}}]});
+        if let Some(template) = &self.claim_template {
+            // A DRA pod as its users write it: no runtime class, the claim named.
+            spec = json!({"schedulerName": self.scheduler, "terminationGracePeriodSeconds": 0,
+                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
+                "containers": [{"name": "app", "image": "busybox", "resources": {"claims": [{"name": "gpu"}]}}]});
+        }
+        if let Some(fleet) = &self.fleet {
+            spec["nodeSelector"] = json!({FLEET_LABEL: fleet});
+        }
         Ok(serde_json::from_value(json!({
-            "apiVersion": "v1", "kind": "Pod", "metadata": metadata,
-            "spec": {"schedulerName": self.scheduler, "runtimeClassName": "lj-runtime", "terminationGracePeriodSeconds": 0,
-                     "containers": [{"name": "app", "image": "busybox", "resources": {"limits": self.limits}}]}
+            "apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec,
         }))?)
     }
 
-    /// Creates the groups `count` pods name before they are created: a PodGroup for every
-    /// Volcano pod or gang, a GangGroup for each of our gangs (without it the operator makes one
-    /// from the pods' labels, as Volcano's controller would make the PodGroup).
+    /// Creates the objects `count` pods name before they are created: the ResourceClaimTemplate
+    /// of claim pods, a PodGroup for every Volcano pod or gang, a GangGroup for each of our gangs
+    /// (without it the operator makes one from the pods' labels, as Volcano's controller would
+    /// make the PodGroup).
     pub async fn create_groups(&self, client: &Client, ns: &str, count: usize) -> Result<()> {
+        if let Some(template) = &self.claim_template {
+            let object: ResourceClaimTemplate = serde_json::from_value(json!({
+                "metadata": {"name": template},
+                "spec": {"spec": {"devices": {"requests": [{"name": "gpu",
+                    "exactly": {"deviceClassName": crate::dra::WHOLE_CARD_CLASS}}]}}},
+            }))?;
+            Api::<ResourceClaimTemplate>::namespaced(client.clone(), ns)
+                .create(&PostParams::default(), &object)
+                .await?;
+        }
         if !self.volcano && self.gang == 1 {
             return Ok(());
         }
