@@ -3,7 +3,7 @@
 //! these in claims and DeviceClasses (`config/dra/`), and `kubectl gpu` reads allocations by
 //! them, so they are part of the product's interface.
 
-use k8s_openapi::api::resource::v1::DeviceTaint;
+use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, DeviceTaint, ResourceClaim};
 
 /// The DRA driver's name under a resource prefix: `gpu.runtimekit.aliyun.com` by default.
 pub fn driver_name(prefix: &str) -> String {
@@ -188,6 +188,22 @@ impl DeviceName {
     pub fn names_profile(profile_part: &str, profile: &str) -> bool {
         dns_label_part(profile) == profile_part
     }
+}
+
+/// The devices allocated to a claim from `driver` (none while it is not allocated).
+pub fn allocated<'a>(
+    claim: &'a ResourceClaim,
+    driver: &'a str,
+) -> impl Iterator<Item = &'a DeviceRequestAllocationResult> + 'a {
+    claim
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .and_then(|d| d.results.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(move |r| r.driver == driver)
 }
 
 /// The taint of a faulted card's devices: no new claim is allocated to them; running pods stay.

@@ -169,16 +169,8 @@ pub(crate) fn usable(slices: &[ResourceSlice], device: &str) -> bool {
 
 /// The devices a claim was given from the kit's driver.
 pub(crate) fn devices_of(claim: &ResourceClaim) -> Vec<(String, String)> {
-    claim
-        .status
-        .as_ref()
-        .and_then(|s| s.allocation.as_ref())
-        .and_then(|a| a.devices.as_ref())
-        .and_then(|d| d.results.clone())
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|r| r.driver == DRIVER)
-        .map(|r| (r.pool, r.device))
+    runtimekit_contract::dra::allocated(claim, DRIVER)
+        .map(|r| (r.pool.clone(), r.device.clone()))
         .collect()
 }
 

@@ -364,15 +364,20 @@ impl AgentNode {
 
     /// The card UUIDs, from the agent's report.
     pub(crate) async fn uuids(&self, ctx: &TestContext) -> Result<Vec<String>> {
-        let group = self.group(ctx).await?;
-        Ok(group
-            .status
-            .unwrap_or_default()
-            .cards
-            .into_iter()
-            .map(|c| c.uuid)
-            .collect())
+        card_uuids(ctx, &self.name).await
     }
+}
+
+/// The UUIDs of a node's cards by index, from its agent's TopologyGroup.
+pub(crate) async fn card_uuids(ctx: &TestContext, node: &str) -> Result<Vec<String>> {
+    let group = ctx.cluster_api::<TopologyGroup>().get(node).await?;
+    Ok(group
+        .status
+        .unwrap_or_default()
+        .cards
+        .into_iter()
+        .map(|c| c.uuid)
+        .collect())
 }
 
 fn last_error(error: &kube::Error) {

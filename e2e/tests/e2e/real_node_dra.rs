@@ -11,13 +11,14 @@ use crate::dra::{
     DEVICE_API_LABEL, allocated_claim, apply_device_classes, claim_pod, claim_template, devices_of,
     slices_of, template, usable,
 };
+use crate::node_agent::card_uuids;
 use crate::real_node::{SHOW, Seen, import_images, instance_keys, wait_phase};
+use crate::real_node_isolation::probe_results;
 use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::ResourceExt;
 use kube::api::{DeleteParams, ListParams, PostParams};
-use runtimekit_crds::TopologyGroup;
 use runtimekit_e2e::harness::Test;
 use runtimekit_e2e::real_node::{ISOLATION_DIR, PROFILE, RealNode};
 use runtimekit_e2e::{TestContext, tests};
@@ -103,18 +104,6 @@ where
 /// The card a device name is on (`gpu-3`, `gpu-3-share`, `gpu-6-mig-1g10gb-0`).
 fn card_of(device: &str) -> Option<u32> {
     device.strip_prefix("gpu-")?.split('-').next()?.parse().ok()
-}
-
-/// The UUID of each card of the node, by index.
-async fn card_uuids(ctx: &TestContext, node: &RealNode) -> Result<Vec<String>> {
-    let group = ctx.cluster_api::<TopologyGroup>().get(&node.name).await?;
-    Ok(group
-        .status
-        .unwrap_or_default()
-        .cards
-        .into_iter()
-        .map(|c| c.uuid)
-        .collect())
 }
 
 /// The one device a claim was given.
@@ -318,7 +307,7 @@ async fn real_node_dra_claims_get_their_devices_through_cdi(ctx: TestContext) ->
     let references = import_images(&node, &["cuda-test"]).await?;
     let probe = references.first().context("the cuda-test image")?.clone();
     on_dra_node(ctx, |ctx, node| async move {
-        let uuids = card_uuids(&ctx, &node).await?;
+        let uuids = card_uuids(&ctx, &node.name).await?;
         let script = format!(
             "env | grep -E '^(NVIDIA_VISIBLE_DEVICES|RUNTIMEKIT_)' | sort; ls /dev; cat /etc/ld.so.preload 2>/dev/null; {SHOW_AND_STAY}"
         );
@@ -381,12 +370,8 @@ async fn real_node_dra_claims_get_their_devices_through_cdi(ctx: TestContext) ->
         prepared.push(claim.uid().unwrap_or_default());
         wait_phase(&ctx, "dra-capped", "Succeeded").await?;
         let log = ctx.kubectl_ok(&["logs", "dra-capped"], None)?;
-        let results: Vec<&str> = log
-            .lines()
-            .filter_map(|l| l.split_once(": ").map(|(_, r)| r))
-            .collect();
         ensure!(
-            results == ["ok", "ok", "ok", "ok", "error 2"],
+            probe_results(&log) == ["ok", "ok", "ok", "ok", "error 2"],
             "four 1 GiB blocks under the claim's 4 GiB, then out of memory:\n{log}"
         );
         delete_pods(&ctx, &["dra-whole".into(), "dra-share".into(), "dra-capped".into()]).await?;
@@ -810,7 +795,7 @@ async fn pair_on_m890p(ctx: &TestContext, node: &RealNode, count: usize) -> Resu
     );
     wait_phase(ctx, "dra-pair", "Running").await?;
     let seen = shown(ctx, "dra-pair").await?;
-    let uuid = card_uuids(ctx, node)
+    let uuid = card_uuids(ctx, &node.name)
         .await?
         .get(index as usize)
         .cloned()

@@ -51,18 +51,21 @@ async fn real_node_tdm_container_is_held_to_its_memory_cap(ctx: TestContext) -> 
         wait_phase(&ctx, "capped", "Succeeded").await?;
         for container in ["by-dlsym", "by-proc-address"] {
             let log = ctx.kubectl_ok(&["logs", "capped", "-c", container], None)?;
-            let results: Vec<&str> = log
-                .lines()
-                .filter_map(|l| l.split_once(": ").map(|(_, r)| r))
-                .collect();
             ensure!(
-                results == ["ok", "ok", "ok", "ok", "error 2"],
+                probe_results(&log) == ["ok", "ok", "ok", "ok", "error 2"],
                 "{container}: four 1 GiB blocks under a 4 GiB cap, then out of memory:\n{log}"
             );
         }
         Ok(())
     })
     .await
+}
+
+/// The result of each of the probe's steps, in order (`ok`, `error 2`), from its log.
+pub(crate) fn probe_results(log: &str) -> Vec<&str> {
+    log.lines()
+        .filter_map(|l| l.split_once(": ").map(|(_, r)| r))
+        .collect()
 }
 
 /// The host PID of the probe in pod `uid` whose command line holds `marker`, once it runs.

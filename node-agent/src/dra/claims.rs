@@ -260,11 +260,14 @@ pub fn plan(
         claim.metadata.name.as_deref().unwrap_or_default()
     );
     let uid = claim.metadata.uid.as_deref().unwrap_or_default();
-    let allocation = claim
+    if claim
         .status
         .as_ref()
         .and_then(|s| s.allocation.as_ref())
-        .ok_or_else(|| format!("ResourceClaim {name} is not allocated"))?;
+        .is_none()
+    {
+        return Err(format!("ResourceClaim {name} is not allocated"));
+    }
     let inventory = state
         .inventory
         .as_ref()
@@ -275,16 +278,7 @@ pub fn plan(
         .filter(|p| p.claim_uid != uid)
         .collect();
     let mut planned: Vec<Planned> = Vec::new();
-    for result in allocation
-        .devices
-        .as_ref()
-        .and_then(|d| d.results.as_ref())
-        .into_iter()
-        .flatten()
-    {
-        if result.driver != driver {
-            continue;
-        }
+    for result in runtimekit_contract::dra::allocated(claim, driver) {
         if result.pool != node {
             return Err(format!(
                 "ResourceClaim {name}: device {} was allocated from pool {}, not from this node {node}",

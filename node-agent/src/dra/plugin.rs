@@ -527,15 +527,7 @@ fn answered(
     driver: &str,
     ids: &mut BTreeMap<String, String>,
 ) -> Vec<AnsweredDevice> {
-    claim
-        .status
-        .as_ref()
-        .and_then(|s| s.allocation.as_ref())
-        .and_then(|a| a.devices.as_ref())
-        .and_then(|d| d.results.as_ref())
-        .into_iter()
-        .flatten()
-        .filter(|r| r.driver == driver)
+    runtimekit_contract::dra::allocated(claim, driver)
         .map(|r| AnsweredDevice {
             requests: vec![r.request.clone()],
             pool: r.pool.clone(),

@@ -7,7 +7,7 @@ use crate::slices::{SliceRow, slice_row};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClaim};
 use runtimekit_contract::dra::{
-    CAPACITY_CORE, CAPACITY_MEMORY, CLAIM_HOLDER, DeviceName, nic_device,
+    CAPACITY_CORE, CAPACITY_MEMORY, CLAIM_HOLDER, DeviceName, allocated, nic_device,
 };
 use runtimekit_crds::{CardRef, GpuSlice, GpuSliceSpec, PodRef, SliceMode, TopologyGroup};
 
@@ -33,14 +33,7 @@ pub fn entries(
         let namespace = claim.metadata.namespace.clone().unwrap_or_default();
         let name = claim.metadata.name.clone().unwrap_or_default();
         let status = claim.status.as_ref();
-        let results: Vec<&DeviceRequestAllocationResult> = status
-            .and_then(|s| s.allocation.as_ref())
-            .and_then(|a| a.devices.as_ref())
-            .and_then(|d| d.results.as_ref())
-            .into_iter()
-            .flatten()
-            .filter(|r| r.driver == driver)
-            .collect();
+        let results: Vec<&DeviceRequestAllocationResult> = allocated(claim, driver).collect();
         let users: Vec<&Pod> = status
             .and_then(|s| s.reserved_for.as_ref())
             .into_iter()
@@ -378,60 +371,23 @@ mod tests {
         ];
         let found = entries(&claims, &[pod()], &[group()], DRIVER);
         let rows = rows(&found);
-        let shown: Vec<(&str, &str, &str, &str, &str, Option<u32>, &str)> = rows
+        let shown: Vec<String> = rows
             .iter()
             .map(|r| {
-                (
-                    r.pod.as_str(),
-                    r.container.as_str(),
-                    r.mode.as_str(),
-                    r.share.as_str(),
-                    r.phase.as_str(),
-                    r.card,
-                    r.slice.as_str(),
+                format!(
+                    "{} {} {} {} {} {:?} {}",
+                    r.pod, r.container, r.mode, r.share, r.phase, r.card, r.slice
                 )
             })
             .collect();
         assert_eq!(
             shown,
             [
-                (
-                    "p",
-                    "app",
-                    "TDM",
-                    "50% 4Gi",
-                    "Claimed",
-                    Some(0),
-                    "resourceclaim/c0"
-                ),
+                "p app TDM 50% 4Gi Claimed Some(0) resourceclaim/c0",
                 // The container names the claim without a request: it gets all of them.
-                (
-                    "p",
-                    "app",
-                    "Whole",
-                    "whole card",
-                    "Claimed",
-                    Some(9),
-                    "resourceclaim/c0"
-                ),
-                (
-                    "-",
-                    "-",
-                    "Whole",
-                    "whole card",
-                    "Allocated",
-                    Some(1),
-                    "resourceclaim/c1"
-                ),
-                (
-                    "-",
-                    "-",
-                    "MIG",
-                    "1g.10gb@3",
-                    "Allocated",
-                    Some(2),
-                    "resourceclaim/c2"
-                ),
+                "p app Whole whole card Claimed Some(9) resourceclaim/c0",
+                "- - Whole whole card Allocated Some(1) resourceclaim/c1",
+                "- - MIG 1g.10gb@3 Allocated Some(2) resourceclaim/c2",
             ]
         );
         assert_eq!(rows[0].nics, ["mlx5_0"]);

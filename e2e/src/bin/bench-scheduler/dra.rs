@@ -8,8 +8,7 @@
 //! apiserver requests per pod (the pods' creates, the claims the resource-claim controller
 //! makes for them, the schedulers' writes).
 
-use crate::measure::{Processes, Run};
-use crate::report::median;
+use crate::measure::{Processes, Run, median};
 use crate::runs::{Operator, kube_backlog};
 use crate::workload::Workload;
 use crate::{CONCURRENCY, HEARTBEAT, OURS};
@@ -29,9 +28,8 @@ use std::collections::BTreeMap;
 
 /// Cards on each node of the DRA fleet.
 pub const CARDS: u32 = 10;
-/// The kit's driver and its whole-card DeviceClass (`config/dra`).
+/// The kit's driver.
 const DRIVER: &str = "gpu.runtimekit.aliyun.com";
-pub const WHOLE_CARD_CLASS: &str = "gpu.runtimekit.aliyun.com";
 /// The fleet's name prefix, which the runs' pods keep to.
 const FLEET: &str = "dra";
 

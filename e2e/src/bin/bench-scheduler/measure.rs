@@ -371,3 +371,14 @@ pub fn requests_since(
     made.sort_by(|a, b| b.1.total_cmp(&a.1));
     made
 }
+
+/// The median of `values`; NaN when there are none.
+pub fn median(values: impl Iterator<Item = f64>) -> f64 {
+    let mut values: Vec<f64> = values.collect();
+    values.sort_by(f64::total_cmp);
+    match values.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => values[n / 2],
+        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
+}

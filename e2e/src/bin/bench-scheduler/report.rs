@@ -1,7 +1,7 @@
 //! The tables `just bench-scheduler` prints, one per part, and its closing JSON line.
 
 use crate::dra::Dra;
-use crate::measure::{Processes, Run, cpu_of};
+use crate::measure::{Processes, Run, cpu_of, median};
 use crate::objects::ObjectCost;
 use crate::peer::{self, Comparison};
 use crate::scale::{GangTime, Scale};
@@ -292,17 +292,6 @@ fn print_objects(objects: &[ObjectCost], kube: &[Run]) {
             object.ms_per_create,
             object.ms_per_create / base * 100.0
         );
-    }
-}
-
-/// The median of `values`; NaN when there are none.
-pub fn median(values: impl Iterator<Item = f64>) -> f64 {
-    let mut values: Vec<f64> = values.collect();
-    values.sort_by(f64::total_cmp);
-    match values.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => values[n / 2],
-        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
     }
 }
 

@@ -15,6 +15,9 @@ use serde_json::{Value, json};
 
 use crate::CONCURRENCY;
 
+/// The kit's whole-card DeviceClass (`config/dra`), which DRA pods' claims name.
+const WHOLE_CARD_CLASS: &str = "gpu.runtimekit.aliyun.com";
+
 /// The scheduler name Volcano's pods give.
 pub const VOLCANO_SCHEDULER: &str = "volcano";
 
@@ -113,7 +116,7 @@ impl Workload {
             let object: ResourceClaimTemplate = serde_json::from_value(json!({
                 "metadata": {"name": template},
                 "spec": {"spec": {"devices": {"requests": [{"name": "gpu",
-                    "exactly": {"deviceClassName": crate::dra::WHOLE_CARD_CLASS}}]}}},
+                    "exactly": {"deviceClassName": WHOLE_CARD_CLASS}}]}}},
             }))?;
             Api::<ResourceClaimTemplate>::namespaced(client.clone(), ns)
                 .create(&PostParams::default(), &object)
