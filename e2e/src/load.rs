@@ -271,15 +271,21 @@ pub async fn wait_operator_ready(client: &Client, identity: &str) -> Result<()> 
 
 /// Applies the `lj-runtime` RuntimeClass users deploy, which the load's pods name.
 pub fn install_runtime_class(cluster: &Cluster) -> Result<()> {
-    let runtime_class = crate::tools::repo_root().join("config/runtime/runtimeclass.yaml");
+    apply_config(cluster, &["-f", "config/runtime/runtimeclass.yaml"])
+}
+
+/// Applies part of `config/` as users do: `kubectl apply --server-side` with `how` (`-f FILE`
+/// or `-k DIR`, relative to the repository).
+pub fn apply_config(cluster: &Cluster, how: &[&str; 2]) -> Result<()> {
+    let path = crate::tools::repo_root().join(how[1]);
     let status = cluster
         .kubectl()
-        .args(["apply", "-f"])
-        .arg(runtime_class)
+        .args(["apply", "--server-side", how[0]])
+        .arg(&path)
         .stdout(std::process::Stdio::null())
         .status()?;
     if !status.success() {
-        bail!("installing the RuntimeClass failed");
+        bail!("applying {} failed", path.display());
     }
     Ok(())
 }

@@ -12,14 +12,14 @@ use crate::measure::{Processes, Run, median};
 use crate::runs::{Operator, kube_backlog};
 use crate::workload::Workload;
 use crate::{CONCURRENCY, HEARTBEAT, OURS};
-use anyhow::{Result, bail};
+use anyhow::Result;
 use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::Client;
 use kube::api::{Api, ObjectMeta, PostParams};
 use runtimekit_contract::RuntimeKitConfig;
 use runtimekit_e2e::cluster::Cluster;
-use runtimekit_e2e::load::Fleet;
+use runtimekit_e2e::load::{Fleet, apply_config};
 use runtimekit_node_agent::dra::pool::{PoolInput, slices};
 use runtimekit_node_agent::model::{Inventory, NodeState};
 use runtimekit_proto::resource::v1alpha1 as pb;
@@ -68,7 +68,7 @@ pub async fn compare(
     let heartbeats = fleet.create(client).await?;
     let outcome = async {
         publish(client, &fleet).await?;
-        apply_dra_config(cluster)?;
+        apply_config(cluster, &["-k", "config/dra"])?;
         let claims = Workload::new("default-scheduler", json!({}))
             .through_claims("card")
             .on_fleet(FLEET);
@@ -176,21 +176,6 @@ fn inventory(node: &str, cards: u32) -> Inventory {
         devices,
         ..Inventory::default()
     }
-}
-
-/// Applies `config/dra` as a user does.
-fn apply_dra_config(cluster: &Cluster) -> Result<()> {
-    let dir = runtimekit_e2e::tools::repo_root().join("config/dra");
-    let status = cluster
-        .kubectl()
-        .args(["apply", "--server-side", "-k"])
-        .arg(dir)
-        .stdout(std::process::Stdio::null())
-        .status()?;
-    if !status.success() {
-        bail!("applying config/dra failed");
-    }
-    Ok(())
 }
 
 /// The median and range of one figure over runs.
