@@ -190,6 +190,11 @@ impl DeviceName {
     }
 }
 
+/// `request` without a subrequest (`gpu/first` is `gpu`): the name containers use.
+pub fn base_request(request: &str) -> &str {
+    request.split_once('/').map_or(request, |(base, _)| base)
+}
+
 /// The devices allocated to a claim from `driver` (none while it is not allocated).
 pub fn allocated<'a>(
     claim: &'a ResourceClaim,

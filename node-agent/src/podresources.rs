@@ -90,8 +90,8 @@ pub fn claim_users(pods: &[pr::PodResources]) -> BTreeMap<String, Vec<ClaimUser>
     users
 }
 
-/// Keeps `held_whole` and `claim_users` in the node state current, polling every `interval`; while the API
-/// cannot be reached, nothing is known to be held.
+/// Keeps `held_whole` and `claim_users` in the node state current, polling every `interval`;
+/// while the API cannot be reached, nothing is known to be held or used.
 pub async fn poll(
     socket: PathBuf,
     state: watch::Sender<NodeState>,

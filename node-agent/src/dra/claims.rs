@@ -6,7 +6,9 @@
 
 use crate::model::{ClaimPod, NodeState, PreparedDevice, mig_enabled, tdm_capable};
 use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClaim};
-use runtimekit_contract::dra::{CAPACITY_CORE, CAPACITY_MEMORY, DeviceName, nic_device};
+use runtimekit_contract::dra::{
+    CAPACITY_CORE, CAPACITY_MEMORY, DeviceName, base_request, nic_device,
+};
 use runtimekit_contract::quantity::parse_whole;
 use runtimekit_crds::SliceMode;
 use runtimekit_injection::grant::{Grant, GrantedCard, Mode};
@@ -95,11 +97,6 @@ pub fn instance_key(claim_uid: &str, request: &str, device: &str) -> String {
 /// Whether a resource-layer key is one the DRA plugin makes.
 pub fn is_claim_key(key: &str) -> bool {
     key.starts_with("dra:")
-}
-
-/// `request` without a subrequest (`gpu/first` is `gpu`).
-pub fn base_request(request: &str) -> &str {
-    request.split_once('/').map_or(request, |(base, _)| base)
 }
 
 /// The record of a planned device once prepared, for the claim reserved for `pods`.

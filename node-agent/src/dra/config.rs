@@ -17,8 +17,9 @@
 //! reaches the node: a claim whose configuration this driver cannot read fails its prepare
 //! with a message saying what is wrong, before anything is made.
 
-use super::claims::{Part, Planned, base_request};
+use super::claims::{Part, Planned};
 use k8s_openapi::api::resource::v1::ResourceClaim;
+use runtimekit_contract::dra::base_request;
 use runtimekit_lj_runtime::config::CorePolicy;
 use serde::Deserialize;
 use std::collections::BTreeMap;

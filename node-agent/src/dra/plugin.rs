@@ -533,7 +533,7 @@ fn answered(
             pool: r.pool.clone(),
             device: r.device.clone(),
             cdi_ids: ids
-                .remove(claims::base_request(&r.request))
+                .remove(runtimekit_contract::dra::base_request(&r.request))
                 .into_iter()
                 .collect(),
             share_id: r.share_id.clone(),

@@ -7,7 +7,7 @@ use crate::slices::{SliceRow, slice_row};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClaim};
 use runtimekit_contract::dra::{
-    CAPACITY_CORE, CAPACITY_MEMORY, CLAIM_HOLDER, DeviceName, allocated, nic_device,
+    CAPACITY_CORE, CAPACITY_MEMORY, CLAIM_HOLDER, DeviceName, allocated, base_request, nic_device,
 };
 use runtimekit_crds::{CardRef, GpuSlice, GpuSliceSpec, PodRef, SliceMode, TopologyGroup};
 
@@ -144,11 +144,6 @@ pub fn without_shown_holders(
     groups
 }
 
-/// The request a result was allocated for, without a subrequest.
-fn base_request(request: &str) -> &str {
-    request.split_once('/').map_or(request, |(base, _)| base)
-}
-
 /// What a card device of the pool holds, in the ledger's shape (the pod left default).
 fn card_spec(
     device: &DeviceName,
@@ -214,9 +209,6 @@ fn card_spec(
 
 /// The NIC a NIC device names, by the node's reported NICs.
 fn nic_name(group: Option<&TopologyGroup>, device: &str) -> Option<String> {
-    let DeviceName::Nic(_) = DeviceName::parse(device)? else {
-        return None;
-    };
     group?
         .status
         .as_ref()?
