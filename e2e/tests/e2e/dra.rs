@@ -167,6 +167,19 @@ pub(crate) fn usable(slices: &[ResourceSlice], device: &str) -> bool {
         })
 }
 
+/// A string attribute of a device the slices publish (`uuid`, `pcieSwitch`).
+pub(crate) fn string_attribute(
+    slices: &[ResourceSlice],
+    device: &str,
+    attribute: &str,
+) -> Option<String> {
+    slices
+        .iter()
+        .flat_map(|s| s.spec.devices.iter().flatten())
+        .find(|d| d.name == device)
+        .and_then(|d| d.attributes.as_ref()?.get(attribute)?.string.clone())
+}
+
 /// The devices a claim was given from the kit's driver.
 pub(crate) fn devices_of(claim: &ResourceClaim) -> Vec<(String, String)> {
     runtimekit_contract::dra::allocated(claim, DRIVER)

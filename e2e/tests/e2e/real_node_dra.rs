@@ -9,16 +9,16 @@
 
 use crate::dra::{
     DEVICE_API_LABEL, allocated_claim, apply_device_classes, claim_pod, claim_template, devices_of,
-    slices_of, template, usable,
+    slices_of, string_attribute, template, usable,
 };
-use crate::node_agent::card_uuids;
 use crate::real_node::{SHOW, Seen, import_images, instance_keys, wait_phase};
-use crate::real_node_isolation::probe_results;
+use crate::real_node_isolation::{at_full_load, held_to_its_share, launch_rates, probe_results};
 use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::ResourceExt;
 use kube::api::{DeleteParams, ListParams, PostParams};
+use runtimekit_contract::dra::{ATTR_PCIE_SWITCH, ATTR_UUID};
 use runtimekit_e2e::harness::Test;
 use runtimekit_e2e::real_node::{ISOLATION_DIR, PROFILE, RealNode};
 use runtimekit_e2e::{TestContext, tests};
@@ -30,6 +30,7 @@ use std::time::Duration;
 
 pub const TESTS: &[Test] = tests![
     real_node_dra_claims_get_their_devices_through_cdi,
+    real_node_dra_share_is_held_to_its_compute_cap,
     real_node_dra_mig_claim_outlives_agent_and_kubelet_restarts,
     real_node_dra_cards_are_never_given_twice_nor_while_faulted,
     real_node_dra_bad_claims_say_why_and_prepare_nothing,
@@ -307,7 +308,6 @@ async fn real_node_dra_claims_get_their_devices_through_cdi(ctx: TestContext) ->
     let references = import_images(&node, &["cuda-test"]).await?;
     let probe = references.first().context("the cuda-test image")?.clone();
     on_dra_node(ctx, |ctx, node| async move {
-        let uuids = card_uuids(&ctx, &node.name).await?;
         let script = format!(
             "env | grep -E '^(NVIDIA_VISIBLE_DEVICES|RUNTIMEKIT_)' | sort; ls /dev; cat /etc/ld.so.preload 2>/dev/null; {SHOW_AND_STAY}"
         );
@@ -318,8 +318,12 @@ async fn real_node_dra_claims_get_their_devices_through_cdi(ctx: TestContext) ->
         for (name, template) in [("dra-whole", "whole"), ("dra-share", "share")] {
             create(&ctx, &claim_pod(name, &node.name, template, &script)?).await?;
             let claim = allocated_claim(&ctx, name, Some("gpu")).await?;
-            let index = card_of(&only_device(&claim)?).context("a card")? as usize;
-            let uuid = uuids.get(index).context("the card")?;
+            let device = only_device(&claim)?;
+            let index = card_of(&device).context("a card")?;
+            // The UUID the allocation was made from: the agent's report of another profile
+            // can lag a test that switched the node back.
+            let slices = slices_of(&ctx, &node.name).await?;
+            let uuid = string_attribute(&slices, &device, ATTR_UUID).context("the card's UUID")?;
             // Running, so its claim stays prepared while it is looked at.
             wait_phase(&ctx, name, "Running").await?;
             let log = ctx
@@ -376,6 +380,47 @@ async fn real_node_dra_claims_get_their_devices_through_cdi(ctx: TestContext) ->
         );
         delete_pods(&ctx, &["dra-whole".into(), "dra-share".into(), "dra-capped".into()]).await?;
         unprepared(&ctx, &node, &prepared).await
+    })
+    .await
+}
+
+/// A share claimed at 30 % of a card holds its container to it as the extended-resource
+/// share does: the probe launching as fast as it can is slowed once the node's compute meter
+/// measures it taking the whole card (the meter finds the container by the ledger in the
+/// isolation folder the claim's CDI spec mounted), and a second container with its own claim,
+/// measured idle, is not.
+async fn real_node_dra_share_is_held_to_its_compute_cap(ctx: TestContext) -> Result<()> {
+    let node = ctx.real_node().await?;
+    let references = import_images(&node, &["cuda-test"]).await?;
+    let probe = references.first().context("the cuda-test image")?.clone();
+    on_dra_node(ctx, |ctx, node| async move {
+        let share = json!({"core": "30", "memory": "4Gi"});
+        claim_template(&ctx, "share30", &format!("share.{DRIVER}"), 1, Some(share))?;
+        let launcher = |name: &str, blocks: &str| {
+            json!({"name": name, "image": probe, "imagePullPolicy": "Never",
+                "args": ["launches", "--blocks", blocks, "--seconds", "20"],
+                "resources": {"claims": [{"name": name}]}})
+        };
+        let claim = |name: &str| json!({"name": name, "resourceClaimTemplateName": "share30"});
+        let pod: Pod = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "dra-metered"},
+            "spec": {"nodeSelector": {"kubernetes.io/hostname": node.name},
+                "restartPolicy": "Never", "automountServiceAccountToken": false,
+                "terminationGracePeriodSeconds": 1,
+                "resourceClaims": [claim("busy"), claim("idle")],
+                "containers": [launcher("busy", "100"), launcher("idle", "101")]}}))?;
+        create(&ctx, &pod).await?;
+        let running = wait_phase(&ctx, "dra-metered", "Running").await?;
+        let uid = running.uid().context("the pod's UID")?;
+        at_full_load(&ctx, &node, &uid, "--blocks 100", async {
+            wait_phase(&ctx, "dra-metered", "Succeeded").await
+        })
+        .await?;
+        held_to_its_share(
+            launch_rates(&ctx, "dra-metered", "busy")?,
+            launch_rates(&ctx, "dra-metered", "idle")?,
+        )?;
+        delete_pods(&ctx, &["dra-metered".into()]).await
     })
     .await
 }
@@ -774,14 +819,7 @@ async fn pair_on_m890p(ctx: &TestContext, node: &RealNode, count: usize) -> Resu
         .iter()
         .find(|d| d.starts_with("nic-"))
         .context("a NIC")?;
-    let switch = |device: &str| {
-        slices
-            .iter()
-            .flat_map(|s| s.spec.devices.iter().flatten())
-            .find(|d| d.name == device)
-            .and_then(|d| d.attributes.as_ref()?.get("pcieSwitch").cloned())
-            .and_then(|a| a.string)
-    };
+    let switch = |device: &str| string_attribute(&slices, device, ATTR_PCIE_SWITCH);
     ensure!(
         devices.len() == 2 && switch(card).is_some() && switch(card) == switch(nic),
         "a card and a NIC under one PCIe switch: {devices:?}"
@@ -795,11 +833,7 @@ async fn pair_on_m890p(ctx: &TestContext, node: &RealNode, count: usize) -> Resu
     );
     wait_phase(ctx, "dra-pair", "Running").await?;
     let seen = shown(ctx, "dra-pair").await?;
-    let uuid = card_uuids(ctx, &node.name)
-        .await?
-        .get(index as usize)
-        .cloned()
-        .context("the card's UUID")?;
+    let uuid = string_attribute(&slices, card, ATTR_UUID).context("the card's UUID")?;
     ensure!(
         seen.var("RUNTIMEKIT_VISIBLE_DEVICES") == Some(uuid.as_str())
             && seen.var("RUNTIMEKIT_RDMA_DEVICES") == Some(name.as_str())

@@ -135,60 +135,78 @@ async fn real_node_tdm_container_is_held_to_its_compute_cap(ctx: TestContext) ->
             .await?;
         let running = wait_phase(&ctx, "metered", "Running").await?;
         let uid = running.uid().context("the pod's UID")?;
-        let pid = ctx
-            .wait_for("the busy probe's process", WAIT, || {
-                let uid = uid.clone();
-                async move { Ok(probe_pid(&uid, "--blocks 100")) }
-            })
-            .await?;
-        let card = card_of(&node, pid).await?;
-        let mut faults = runtimekit_resource_layer::fault_client(&node.layer_socket).await?;
-        faults
-            .set_process_load(pb::SetProcessLoadRequest {
-                device_index: card,
-                pid,
-                sm_util_percent: 100,
-            })
-            .await?;
-        let ended = wait_phase(&ctx, "metered", "Succeeded").await;
-        faults
-            .set_process_load(pb::SetProcessLoadRequest {
-                device_index: card,
-                pid,
-                sm_util_percent: 0,
-            })
-            .await?;
-        ended?;
-        let rates = |container: &str| -> Result<(f64, f64)> {
-            let log = ctx.kubectl_ok(&["logs", "metered", "-c", container], None)?;
-            let field = |name: &str| -> Option<f64> {
-                log.split_once(&format!("{name} "))?
-                    .1
-                    .split_whitespace()
-                    .next()?
-                    .parse()
-                    .ok()
-            };
-            field("launches_per_s")
-                .zip(field("last_second"))
-                .with_context(|| format!("{container}'s rates in {log:?}"))
-        };
-        let (busy_mean, busy_last) = rates("busy")?;
-        let (idle_mean, idle_last) = rates("idle")?;
-        eprintln!(
-            "launches a second: busy {busy_mean} (last {busy_last}), idle {idle_mean} (last {idle_last})"
-        );
-        // Unheld, the last second is the mean; the gate cuts the rate by about a quarter a
-        // second once the first measurement has corrected it to 30 % of what was launched.
-        ensure!(
-            busy_last * 5.0 < busy_mean,
-            "measured at the whole card under a 30 % cap, the busy container's last second ({busy_last} launches) must be a small part of its mean ({busy_mean} a second)"
-        );
-        ensure!(
-            idle_last * 2.0 > idle_mean,
-            "measured idle, the other container is not slowed: last second {idle_last}, mean {idle_mean}"
-        );
-        Ok(())
+        at_full_load(&ctx, &node, &uid, "--blocks 100", async {
+            wait_phase(&ctx, "metered", "Succeeded").await
+        })
+        .await?;
+        held_to_its_share(
+            launch_rates(&ctx, "metered", "busy")?,
+            launch_rates(&ctx, "metered", "idle")?,
+        )
     })
     .await
+}
+
+/// Runs `until` while the node's compute meter measures the probe in pod `uid` whose command
+/// line holds `marker` taking its whole card (the simulated card reports the probe's real host
+/// PID at 100 %); the load is taken off again whatever `until` returned.
+pub(crate) async fn at_full_load<T>(
+    ctx: &TestContext,
+    node: &RealNode,
+    uid: &str,
+    marker: &str,
+    until: impl Future<Output = Result<T>>,
+) -> Result<T> {
+    let pid = ctx
+        .wait_for("the busy probe's process", WAIT, || async {
+            Ok(probe_pid(uid, marker))
+        })
+        .await?;
+    let card = card_of(node, pid).await?;
+    let mut faults = runtimekit_resource_layer::fault_client(&node.layer_socket).await?;
+    let load = |sm_util_percent| pb::SetProcessLoadRequest {
+        device_index: card,
+        pid,
+        sm_util_percent,
+    };
+    faults.set_process_load(load(100)).await?;
+    let outcome = until.await;
+    faults.set_process_load(load(0)).await?;
+    outcome
+}
+
+/// A launching probe's mean launches a second and its last second's, from its log.
+pub(crate) fn launch_rates(ctx: &TestContext, pod: &str, container: &str) -> Result<(f64, f64)> {
+    let log = ctx.kubectl_ok(&["logs", pod, "-c", container], None)?;
+    let field = |name: &str| -> Option<f64> {
+        log.split_once(&format!("{name} "))?
+            .1
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    };
+    field("launches_per_s")
+        .zip(field("last_second"))
+        .with_context(|| format!("{pod}/{container}'s rates in {log:?}"))
+}
+
+/// A busy probe measured at the whole card under a 30 % cap was slowed; an idle one was not.
+/// Each is (mean launches a second, last second's).
+pub(crate) fn held_to_its_share(busy: (f64, f64), idle: (f64, f64)) -> Result<()> {
+    let ((busy_mean, busy_last), (idle_mean, idle_last)) = (busy, idle);
+    eprintln!(
+        "launches a second: busy {busy_mean} (last {busy_last}), idle {idle_mean} (last {idle_last})"
+    );
+    // Unheld, the last second is the mean; the gate cuts the rate by about a quarter a
+    // second once the first measurement has corrected it to 30 % of what was launched.
+    ensure!(
+        busy_last * 5.0 < busy_mean,
+        "measured at the whole card under a 30 % cap, the busy container's last second ({busy_last} launches) must be a small part of its mean ({busy_mean} a second)"
+    );
+    ensure!(
+        idle_last * 2.0 > idle_mean,
+        "measured idle, the other container is not slowed: last second {idle_last}, mean {idle_mean}"
+    );
+    Ok(())
 }
