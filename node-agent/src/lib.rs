@@ -23,6 +23,8 @@ pub mod exporter;
 #[cfg(test)]
 mod fixtures;
 pub mod health;
+pub mod host_files;
+pub mod install;
 pub mod layer;
 pub mod model;
 pub mod node_watch;

@@ -98,24 +98,14 @@ pub fn spec(driver: &str, devices: Vec<Value>) -> Value {
     })
 }
 
-/// Writes a claim's spec (through a temporary file and a rename).
+/// Writes a claim's spec (whole, through a temporary file and a rename).
 pub fn write(path: &Path, spec: &Value) -> Result<(), String> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(|e| format!("making {}: {e}", dir.display()))?;
-    let temporary = path.with_extension("json.tmp");
-    std::fs::write(&temporary, spec.to_string())
-        .and_then(|()| std::fs::rename(&temporary, path))
-        .map_err(|e| format!("writing {}: {e}", path.display()))
+    crate::host_files::write_atomically(path, spec.to_string().as_bytes(), 0o644)
 }
 
 /// Removes a claim's spec; one already gone is fine.
 pub fn remove(path: &Path) -> Result<(), String> {
-    match std::fs::remove_file(path) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            Err(format!("removing {}: {e}", path.display()))
-        }
-        _ => Ok(()),
-    }
+    crate::host_files::remove(path)
 }
 
 #[cfg(test)]

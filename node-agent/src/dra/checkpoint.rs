@@ -97,14 +97,8 @@ impl Checkpoint {
 
     /// Writes the file whole.
     pub fn save(&self, path: &Path) -> Result<(), String> {
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| format!("making {}: {e}", dir.display()))?;
-        }
         let text = serde_json::to_string_pretty(self).map_err(|e| e.to_string())?;
-        let temporary = path.with_extension("tmp");
-        std::fs::write(&temporary, text)
-            .and_then(|()| std::fs::rename(&temporary, path))
-            .map_err(|e| format!("writing {}: {e}", path.display()))
+        crate::host_files::write_atomically(path, text.as_bytes(), 0o600)
     }
 }
 
