@@ -8,15 +8,15 @@ use crate::layer::{InventoryRefresher, Layer, LayerError, Source, watch_health};
 use crate::model::NodeState;
 use crate::node_watch;
 use crate::podresources;
+use crate::process::{client, signal};
 use crate::reporter::Reporter;
 use crate::resources::{advertised, summary};
 use kube::Client;
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::events::{Recorder, Reporter as EventReporter};
 use runtimekit_contract::RuntimeKitConfig;
 use runtimekit_lj_runtime::config::RuntimeConfig;
 use std::future::Future;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use thiserror::Error;
@@ -27,6 +27,8 @@ use tokio::task::JoinSet;
 pub const EVENT_CONTROLLER: &str = "runtimekit-node-agent";
 /// How often the kubelet's pod resources are read.
 const POD_RESOURCES_INTERVAL: Duration = Duration::from_secs(2);
+/// How often the node installer's status is read.
+const INSTALL_STATUS_INTERVAL: Duration = Duration::from_secs(2);
 
 /// How the agent runs.
 #[derive(Debug, Clone)]
@@ -57,6 +59,8 @@ pub struct Options {
     pub metrics_interval: Duration,
     /// Where processes' cgroups are read.
     pub proc_root: PathBuf,
+    /// The node installer's status file; the node is taken as set up by hand without one.
+    pub runtime_status: Option<PathBuf>,
     /// Where the DRA driver keeps its files (used when the node is moved to DRA).
     pub dra: DraPaths,
 }
@@ -98,39 +102,6 @@ pub enum AgentError {
     /// The node's device-API label changed: the agent starts again serving the other API.
     #[error("the node's device-API label changed; restart to serve the other")]
     DeviceApiChanged,
-}
-
-async fn client(kubeconfig: Option<&Path>) -> Result<Client, AgentError> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let file = Kubeconfig::read_from(path)
-                .map_err(|e| AgentError::Kube(format!("reading {}: {e}", path.display())))?;
-            kube::Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
-                .await
-                .map_err(|e| AgentError::Kube(format!("{}: {e}", path.display())))?
-        }
-        None => kube::Config::incluster().map_err(|e| {
-            AgentError::Kube(format!(
-                "no --kubeconfig and not running in a cluster ({e})"
-            ))
-        })?,
-    };
-    Client::try_from(config).map_err(|e| AgentError::Kube(e.to_string()))
-}
-
-async fn signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        if let Ok(mut term) = signal(SignalKind::terminate()) {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-            return;
-        }
-    }
-    let _ = tokio::signal::ctrl_c().await;
 }
 
 fn spawn(
@@ -205,7 +176,9 @@ pub async fn run(options: Options) -> Result<(), AgentError> {
         cards = layer.info.device_count,
         "reached the resource layer"
     );
-    let client = client(options.kubeconfig.as_deref()).await?;
+    let client = client(options.kubeconfig.as_deref())
+        .await
+        .map_err(AgentError::Kube)?;
     let node = options.node_name.clone();
     let (state, state_rx) = watch::channel(NodeState::default());
     let inventory =
@@ -249,6 +222,12 @@ pub async fn run(options: Options) -> Result<(), AgentError> {
         }
         .run(),
     );
+    let (facts_tx, mut facts) = node_watch::channel();
+    spawn(
+        &mut tasks,
+        "node-watch",
+        node_watch::follow(client.clone(), node.clone(), facts_tx),
+    );
     spawn(
         &mut tasks,
         "reporter",
@@ -260,16 +239,28 @@ pub async fn run(options: Options) -> Result<(), AgentError> {
             transitions: transitions_rx,
             recorder,
             heartbeat: options.heartbeat,
+            node_facts: facts.clone(),
         }
         .run(),
     );
+    if let Some(path) = &options.runtime_status {
+        spawn(
+            &mut tasks,
+            "install-status",
+            crate::runtime_status::follow(path.clone(), state.clone(), INSTALL_STATUS_INTERVAL),
+        );
+        // The cards are offered to the kubelet only once containerd runs the handler.
+        tokio::select! {
+            () = signal() => {
+                tracing::info!("stopping");
+                tasks.abort_all();
+                layer.close().await;
+                return Ok(());
+            }
+            () = crate::runtime_status::ready(state_rx.clone()) => {}
+        }
+    }
     let names = options.config.names();
-    let (facts_tx, mut facts) = node_watch::channel();
-    spawn(
-        &mut tasks,
-        "node-watch",
-        node_watch::follow(client.clone(), node.clone(), facts_tx),
-    );
     if facts.borrow().is_none() {
         tracing::info!(%node, "waiting to see the node to learn its device API");
     }

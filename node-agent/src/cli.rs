@@ -4,7 +4,7 @@ use crate::agent::{DraPaths, Options};
 use crate::layer::Source;
 use clap::{Parser, ValueEnum};
 use runtimekit_contract::RuntimeKitConfig;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// The node agent of the GPU runtime kit: reports the node's cards in its TopologyGroup,
@@ -103,6 +103,13 @@ pub struct Cli {
     #[arg(long, env = "LJ_RUNTIME_CONFIG", default_value = runtimekit_lj_runtime::config::DEFAULT_PATH)]
     pub lj_runtime_config: PathBuf,
 
+    /// The node installer's status file (its `run --status-file`): the node's cards are
+    /// offered only once it says containerd runs the lj-runtime handler, and the TopologyGroup's
+    /// RuntimeReady condition says what it said. Without it the node is taken as set up by
+    /// hand.
+    #[arg(long)]
+    pub runtime_status: Option<PathBuf>,
+
     /// How log lines are written.
     #[arg(long, value_enum, default_value = "text")]
     pub log_format: LogFormat,
@@ -118,7 +125,7 @@ pub enum LogFormat {
 }
 
 /// A DNS subdomain, as node names are.
-fn valid_node_name(name: &str) -> bool {
+pub(crate) fn valid_node_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 253
         && name.split('.').all(|label| {
@@ -140,20 +147,7 @@ impl Cli {
                 self.node_name
             ));
         }
-        let config = match &self.config {
-            Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .map_err(|e| format!("cannot read --config {}: {e}", path.display()))?;
-                let config: RuntimeKitConfig = serde_yaml::from_str(&text).map_err(|e| {
-                    format!("--config {} is not a RuntimeKitConfig: {e}", path.display())
-                })?;
-                config
-                    .validate()
-                    .map_err(|e| format!("--config {}: {e}", path.display()))?;
-                config
-            }
-            None => RuntimeKitConfig::default(),
-        };
+        let config = read_config(self.config.as_deref())?;
         let exporter_on = config.features.exporter;
         let layer = match &self.simulate {
             Some(profile) => Source::Simulate {
@@ -184,6 +178,7 @@ impl Cli {
             },
             metrics_interval: self.metrics_interval,
             proc_root: self.proc_root.clone(),
+            runtime_status: self.runtime_status.clone(),
             dra: DraPaths {
                 registry_dir: self.kubelet_registry_dir.clone(),
                 plugins_dir: self.kubelet_plugins_dir.clone(),
@@ -195,8 +190,23 @@ impl Cli {
     }
 }
 
+/// The shared configuration at `path` (`--config`), checked; the defaults without one.
+pub(crate) fn read_config(path: Option<&Path>) -> Result<RuntimeKitConfig, String> {
+    let Some(path) = path else {
+        return Ok(RuntimeKitConfig::default());
+    };
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read --config {}: {e}", path.display()))?;
+    let config: RuntimeKitConfig = serde_yaml::from_str(&text)
+        .map_err(|e| format!("--config {} is not a RuntimeKitConfig: {e}", path.display()))?;
+    config
+        .validate()
+        .map_err(|e| format!("--config {}: {e}", path.display()))?;
+    Ok(config)
+}
+
 /// Parses a duration such as `15s`, `500ms`, `2m` or `1h` (a bare number is seconds).
-fn parse_duration(text: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let split = text
         .find(|c: char| !c.is_ascii_digit())

@@ -220,6 +220,9 @@ pub struct NodeState {
     /// The containers using each claim (`<namespace>/<name>`), as the kubelet's pod resources
     /// list them (empty when that API cannot be reached).
     pub claim_users: BTreeMap<String, Vec<ClaimUser>>,
+    /// What the node installer beside the agent last said; `None` when the agent runs without
+    /// one (`--runtime-status` unset).
+    pub install: Option<crate::install::status::InstallStatus>,
 }
 
 /// A container using a ResourceClaim.

@@ -1,6 +1,7 @@
 //! One watch of the agent's own Node, shared by everything that reads it: the exporter's
-//! switch label, the device-API label, and the DRA pool (labels for the network position, UID
-//! for the slices' owner). Each reader follows a [`watch::Receiver`] instead of opening a watch
+//! switch label, the device-API label, the DRA pool (labels for the network position, UID
+//! for the slices' owner) and the reporter (the capacity the kubelet left of MiB mode's
+//! node-level resources). Each reader follows a [`watch::Receiver`] instead of opening a watch
 //! of its own.
 
 use futures::StreamExt;
@@ -17,6 +18,17 @@ pub struct NodeFacts {
     pub labels: BTreeMap<String, String>,
     /// Its UID; `None` once it is deleted.
     pub uid: Option<String>,
+    /// Its status's capacity, as quantities.
+    pub capacity: BTreeMap<String, String>,
+}
+
+/// The capacity in a Node's status, as quantities.
+fn capacity(node: &Node) -> BTreeMap<String, String> {
+    node.status
+        .as_ref()
+        .and_then(|s| s.capacity.as_ref())
+        .map(|c| c.iter().map(|(k, v)| (k.clone(), v.0.clone())).collect())
+        .unwrap_or_default()
 }
 
 /// The node as last seen: `None` until the watch first sees it (a kubelet registers its node
@@ -37,10 +49,12 @@ pub async fn follow(client: Client, node: String, facts: watch::Sender<Option<No
             Ok(watcher::Event::Apply(object) | watcher::Event::InitApply(object)) => NodeFacts {
                 labels: object.labels().clone(),
                 uid: object.uid(),
+                capacity: capacity(&object),
             },
             Ok(watcher::Event::Delete(object)) => NodeFacts {
                 labels: object.labels().clone(),
                 uid: None,
+                capacity: capacity(&object),
             },
             Ok(_) => continue,
             Err(error) => {

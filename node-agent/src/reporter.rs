@@ -5,6 +5,7 @@
 
 use crate::health::Transition;
 use crate::model::NodeState;
+use crate::node_watch::Facts;
 use crate::resources::node_level;
 use crate::topology;
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
@@ -55,6 +56,19 @@ pub struct Reporter {
     pub recorder: Recorder,
     /// How often the heartbeat is written.
     pub heartbeat: Duration,
+    /// The Node as last seen: a kubelet that drops a resource name from its status (a restart,
+    /// or a device plugin of the same name expiring) has the node-level resources written again.
+    pub node_facts: Facts,
+}
+
+/// Whether the Node's `capacity` lacks or differs from the node-level `resources`.
+pub fn node_level_lost(
+    resources: &BTreeMap<String, u64>,
+    capacity: &BTreeMap<String, String>,
+) -> bool {
+    resources
+        .iter()
+        .any(|(name, value)| capacity.get(name) != Some(&value.to_string()))
 }
 
 impl std::fmt::Debug for Reporter {
@@ -125,9 +139,14 @@ impl Reporter {
                 }
             }
             let resources = node_level(&self.config, &state);
-            // Rewritten now and then even unchanged: a restarting kubelet may zero them.
+            // Rewritten when the Node lost them, and now and then even unchanged.
             let refresh = node_resources_at.elapsed() > NODE_RESOURCES_REFRESH;
-            if refresh || node_level_written.as_ref() != Some(&resources) {
+            let lost = self
+                .node_facts
+                .borrow_and_update()
+                .as_ref()
+                .is_some_and(|node| node_level_lost(&resources, &node.capacity));
+            if refresh || lost || node_level_written.as_ref() != Some(&resources) {
                 match self.write_node_resources(&nodes, &resources).await {
                     Ok(()) => {
                         node_level_written = Some(resources);
@@ -149,6 +168,11 @@ impl Reporter {
                     }
                     // Let a burst of changes land before writing.
                     tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                seen = self.node_facts.changed() => {
+                    if seen.is_err() {
+                        return;
+                    }
                 }
                 transition = self.transitions.recv() => {
                     let Some(transition) = transition else { return };
@@ -359,5 +383,26 @@ impl Reporter {
         if let Err(error) = self.recorder.publish(&event, reference).await {
             tracing::warn!(%error, "cannot publish an event on the Node");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_level_resource_is_lost_when_the_node_lacks_or_changed_it() {
+        let resources = BTreeMap::from([("aliyun.com/gpu-memory".to_owned(), 655_360)]);
+        let capacity = |value: Option<&str>| {
+            let mut capacity = BTreeMap::from([("cpu".to_owned(), "64".to_owned())]);
+            if let Some(value) = value {
+                capacity.insert("aliyun.com/gpu-memory".to_owned(), value.to_owned());
+            }
+            capacity
+        };
+        assert!(!node_level_lost(&resources, &capacity(Some("655360"))));
+        assert!(node_level_lost(&resources, &capacity(None)));
+        assert!(node_level_lost(&resources, &capacity(Some("0"))));
+        assert!(!node_level_lost(&BTreeMap::new(), &capacity(None)));
     }
 }

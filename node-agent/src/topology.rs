@@ -5,8 +5,8 @@ use crate::model::{NodeState, PreparedDevice, mig_enabled, numa_node};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use runtimekit_contract::dra::CLAIM_HOLDER;
 use runtimekit_crds::{
-    CONDITION_READY, CardHealth, CardStatus, MigInstanceStatus, NicStatus, TopologyCapacity,
-    TopologyGroupStatus, Vendor, set_condition,
+    CONDITION_READY, CONDITION_RUNTIME_READY, CardHealth, CardStatus, MigInstanceStatus, NicStatus,
+    TopologyCapacity, TopologyGroupStatus, Vendor, set_condition,
 };
 use runtimekit_proto::resource::v1alpha1 as pb;
 use std::collections::BTreeSet;
@@ -210,6 +210,19 @@ pub fn ready_condition(state: &NodeState, now: Time) -> Condition {
     }
 }
 
+/// The RuntimeReady condition: what the node installer last said, while the agent runs with one.
+pub fn runtime_condition(state: &NodeState, now: Time) -> Option<Condition> {
+    let install = state.install.as_ref()?;
+    Some(Condition {
+        type_: CONDITION_RUNTIME_READY.into(),
+        status: if install.ready { "True" } else { "False" }.into(),
+        reason: install.reason.clone(),
+        message: install.message.clone(),
+        last_transition_time: now,
+        observed_generation: None,
+    })
+}
+
 /// The status the agent reports for its node, beating now at the interval it runs with, keeping
 /// the transition times of `previous`.
 pub fn status(
@@ -236,7 +249,17 @@ pub fn status(
     let mut ready = ready_condition(state, heartbeat.clone());
     ready.observed_generation = generation;
     set_condition(&mut conditions, ready);
-    conditions.retain(|c| c.type_ == CONDITION_READY);
+    let runtime = runtime_condition(state, heartbeat.clone()).map(|mut c| {
+        c.observed_generation = generation;
+        c
+    });
+    let installed = runtime.is_some();
+    if let Some(runtime) = runtime {
+        set_condition(&mut conditions, runtime);
+    }
+    conditions.retain(|c| {
+        c.type_ == CONDITION_READY || (installed && c.type_ == CONDITION_RUNTIME_READY)
+    });
     TopologyGroupStatus {
         capacity: Some(capacity(&cards, &busy_cards(state))),
         cards,
@@ -371,5 +394,38 @@ mod tests {
         assert_eq!(down.conditions[0].status, "False");
         assert_eq!(down.conditions[0].last_transition_time, at(30));
         assert_eq!(down.cards, first.cards, "the last known cards stay");
+    }
+
+    #[test]
+    fn the_installer_s_word_is_the_runtime_ready_condition() {
+        use crate::install::status::InstallStatus;
+        let mut state = four_cards();
+        let without = status(&state, None, (at(10), EVERY), None);
+        assert!(
+            without
+                .conditions
+                .iter()
+                .all(|c| c.type_ != CONDITION_RUNTIME_READY),
+            "an agent without an installer reports no RuntimeReady"
+        );
+        state.install = Some(InstallStatus {
+            ready: false,
+            reason: "ContainerdConfigUnparsable".into(),
+            message: "containerd's configuration cannot be read as TOML".into(),
+        });
+        let failing = status(&state, Some(&without), (at(20), EVERY), Some(3));
+        let runtime = failing
+            .conditions
+            .iter()
+            .find(|c| c.type_ == CONDITION_RUNTIME_READY)
+            .expect("RuntimeReady");
+        assert_eq!(
+            (runtime.status.as_str(), runtime.reason.as_str()),
+            ("False", "ContainerdConfigUnparsable")
+        );
+        assert_eq!(runtime.observed_generation, Some(3));
+        state.install = None;
+        let gone = status(&state, Some(&failing), (at(30), EVERY), None);
+        assert_eq!(gone.conditions.len(), 1, "{:?}", gone.conditions);
     }
 }

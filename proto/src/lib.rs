@@ -13,8 +13,10 @@
 //!   (`k8s.io/kubelet/pkg/apis/dra/v1/api.proto`); 1.35 speaks it too.
 //! - [`pluginregistration`]: the kubelet's plugin-registration API, verbatim from Kubernetes
 //!   1.37 (`k8s.io/kubelet/pkg/apis/pluginregistration/v1/api.proto`).
+//! - [`cri::v1`]: the Container Runtime Interface (`runtime.v1`), verbatim from
+//!   `k8s.io/cri-api` v0.37.2; client side only (the node installer asks containerd).
 //!
-//! Each module has both the client and the server side.
+//! The other modules have both the client and the server side.
 
 /// The resource-layer API.
 pub mod resource {
@@ -114,6 +116,21 @@ pub mod podresources {
 
         /// The kubelet's pod-resources socket.
         pub const KUBELET_SOCKET: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
+    }
+}
+
+/// The Container Runtime Interface.
+pub mod cri {
+    /// Version `v1` (package `runtime.v1`).
+    #[allow(
+        missing_debug_implementations,
+        unused_qualifications,
+        clippy::all,
+        clippy::unwrap_used,
+        clippy::panic
+    )]
+    pub mod v1 {
+        include!(concat!(env!("OUT_DIR"), "/cri/runtime.v1.rs"));
     }
 }
 

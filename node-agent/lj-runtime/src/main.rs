@@ -16,6 +16,10 @@ use std::time::{Duration, Instant};
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    // Its own version first, then runc's: which release a node runs is one command away.
+    if args.first().map(String::as_str) == Some("--version") {
+        println!("lj-runtime version {}", env!("CARGO_PKG_VERSION"));
+    }
     let runc = RuncArgs::parse(&args);
     let path = std::env::var_os("LJ_RUNTIME_CONFIG")
         .map_or_else(|| PathBuf::from(DEFAULT_PATH), PathBuf::from);

@@ -18,6 +18,8 @@ use families::Family;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::family::Family as LabelledFamily;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use std::sync::{Arc, RwLock};
 
@@ -92,6 +94,20 @@ impl Exporter {
     /// An exporter serving `snapshot`.
     pub fn new(snapshot: Arc<Snapshot>) -> Exporter {
         let mut registry = Registry::default();
+        // A gauge of 1, not an OpenMetrics info: the classic text format (what promtool and
+        // DCGM's users read) has no `info` type, and promtool refuses the whole scrape.
+        let build = LabelledFamily::<Vec<(String, String)>, Gauge>::default();
+        build
+            .get_or_create(&vec![
+                ("version".to_owned(), env!("CARGO_PKG_VERSION").to_owned()),
+                ("component".to_owned(), "node-agent".to_owned()),
+            ])
+            .set(1);
+        registry.register(
+            "runtimekit_build_info",
+            "The kit's version and this component",
+            build,
+        );
         registry.register_collector(Box::new(View(snapshot.clone())));
         Exporter { registry, snapshot }
     }
@@ -200,6 +216,16 @@ mod tests {
                 .expect("render")
                 .contains("DCGM_FI_DEV_GPU_TEMP")
         );
+    }
+
+    #[test]
+    fn the_build_is_named_beside_the_card_metrics() {
+        let text = Exporter::new(snapshot()).render().expect("render");
+        let line = format!(
+            r#"runtimekit_build_info{{version="{}",component="node-agent"}} 1"#,
+            env!("CARGO_PKG_VERSION")
+        );
+        assert!(text.contains(&line), "{text}");
     }
 
     #[test]

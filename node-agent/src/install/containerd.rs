@@ -107,7 +107,7 @@ pub fn install(
     let version = config_version(current.main_path, &document, major)?;
     match layout {
         Layout::DropIn(path) => {
-            let text = drop_in_text(version, handler);
+            let text = drop_in_text(version, handler, default_options(&document, version));
             let mut edits = Edits {
                 drop_in: (current.drop_in != Some(text.as_str())).then_some(text),
                 ..Edits::default()
@@ -120,7 +120,7 @@ pub fn install(
             Ok(edits)
         }
         Layout::Merged => {
-            let wanted = handler_table(handler);
+            let wanted = handler_table(handler, default_options(&document, version));
             let runtimes = runtimes_mut(current.main_path, &mut document, version)?;
             let same = runtimes
                 .get(&handler.name)
@@ -166,16 +166,12 @@ pub fn uninstall(
             }
         }
         Layout::Merged => {
-            let version = document
-                .get("version")
-                .and_then(Item::as_integer)
-                .unwrap_or(2);
-            let plugin = cri_plugin(version);
-            let runtimes = document
-                .get_mut("plugins")
-                .and_then(|p| p.get_mut(plugin))
-                .and_then(|p| p.get_mut("containerd"))
-                .and_then(|c| c.get_mut("runtimes"))
+            let Some(version) = declared_version(&document) else {
+                return Ok(edits);
+            };
+            let runtimes = runtimes_path(version)
+                .iter()
+                .try_fold(document.as_item_mut(), |item, key| item.get_mut(key))
                 .and_then(Item::as_table_like_mut);
             if let Some(runtimes) = runtimes {
                 let ours = runtimes
@@ -203,13 +199,10 @@ fn parse(path: &Path, text: &str) -> Result<DocumentMut, ConfigError> {
 /// The configuration's `version`, checked against what containerd `major` reads. A file with
 /// none is version 1 (containerd 1.4 and older), which the installer does not write.
 fn config_version(path: &Path, document: &DocumentMut, major: u32) -> Result<i64, ConfigError> {
-    let found = match document.get("version") {
-        None => 1,
-        Some(item) => item.as_integer().ok_or_else(|| ConfigError::Unexpected {
-            path: path.to_owned(),
-            what: "its `version` is not a number".into(),
-        })?,
-    };
+    let found = declared_version(document).ok_or_else(|| ConfigError::Unexpected {
+        path: path.to_owned(),
+        what: "its `version` is not a number".into(),
+    })?;
     let known: &[i64] = match major {
         1 => &[2],
         2 => &[2, 3],
@@ -231,6 +224,17 @@ fn config_version(path: &Path, document: &DocumentMut, major: u32) -> Result<i64
     }
 }
 
+/// The `version` a configuration declares (1 when it declares none); `None` when it is not a
+/// number.
+fn declared_version(document: &DocumentMut) -> Option<i64> {
+    document.get("version").map_or(Some(1), Item::as_integer)
+}
+
+/// The keys of the CRI plugin's `containerd.runtimes` table in a config version.
+fn runtimes_path(version: i64) -> [&'static str; 4] {
+    ["plugins", cri_plugin(version), "containerd", "runtimes"]
+}
+
 /// The CRI plugin whose runtimes a config version lists.
 fn cri_plugin(version: i64) -> &'static str {
     if version >= 3 {
@@ -240,14 +244,43 @@ fn cri_plugin(version: i64) -> &'static str {
     }
 }
 
-/// The handler's table: `runtime_type`, `pod_annotations` and `options.BinaryName`.
-fn handler_table(handler: &Handler) -> Table {
+/// The options of the configuration's default runtime (`default_runtime_name`, runc when
+/// unset), which the handler shares: a node whose kubelet uses the systemd cgroup driver has
+/// `SystemdCgroup = true` there, and containers of the handler must match it.
+fn default_options(document: &DocumentMut, version: i64) -> Option<Table> {
+    let runtimes = runtimes_path(version);
+    let containerd = runtimes[..3]
+        .iter()
+        .try_fold(document.as_item(), |item, key| item.get(key))?;
+    let default = containerd
+        .get("default_runtime_name")
+        .and_then(Item::as_str)
+        .unwrap_or("runc");
+    let options = containerd.get("runtimes")?.get(default)?.get("options")?;
+    let mut table = Table::new();
+    for (key, item) in options.as_table_like()?.iter() {
+        if key != "BinaryName" {
+            table.insert(key, item.clone());
+        }
+    }
+    Some(table)
+}
+
+/// The handler's table: `runtime_type`, `pod_annotations`, and the default runtime's
+/// `options` with `BinaryName` set to lj-runtime.
+fn handler_table(handler: &Handler, options: Option<Table>) -> Table {
     let mut table = Table::new();
     table.decor_mut().set_prefix(MARK);
     table.insert("runtime_type", value("io.containerd.runc.v2"));
     let annotations: Array = handler.pod_annotations.iter().map(String::as_str).collect();
     table.insert("pod_annotations", value(annotations));
-    let mut options = Table::new();
+    let mut options = options.unwrap_or_default();
+    for (_, item) in options.iter_mut() {
+        if let Some(value) = item.as_value_mut() {
+            value.decor_mut().clear();
+        }
+    }
+    options.decor_mut().clear();
     options.insert("BinaryName", value(handler.binary.display().to_string()));
     table.insert("options", Item::Table(options));
     table
@@ -261,20 +294,43 @@ fn marked(table: &Table) -> bool {
         .is_some_and(|p| p.contains(MARK.trim()))
 }
 
-/// Whether an existing table is ours and says what `wanted` says.
+/// Whether an existing table is ours and says what `wanted` says, key by key (its layout and
+/// comments aside).
 fn same_handler(existing: &Table, wanted: &Table) -> bool {
-    let text = |t: &Table| {
-        let mut document = DocumentMut::new();
-        document.insert("handler", Item::Table(t.clone()));
-        let mut rendered = document.to_string();
-        rendered.retain(|c| !c.is_whitespace());
-        rendered
-    };
-    marked(existing) && text(existing) == text(wanted)
+    marked(existing) && same_table(existing, wanted)
+}
+
+fn same_table(a: &dyn toml_edit::TableLike, b: &dyn toml_edit::TableLike) -> bool {
+    a.len() == b.len()
+        && a.iter().all(|(key, item)| {
+            b.get(key).is_some_and(|other| match (item, other) {
+                (Item::Value(x), Item::Value(y)) => same_value(x, y),
+                _ => match (item.as_table_like(), other.as_table_like()) {
+                    (Some(x), Some(y)) => same_table(x, y),
+                    _ => false,
+                },
+            })
+        })
+}
+
+fn same_value(a: &toml_edit::Value, b: &toml_edit::Value) -> bool {
+    use toml_edit::Value;
+    match (a, b) {
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y.iter()).all(|(x, y)| same_value(x, y))
+        }
+        (Value::InlineTable(x), Value::InlineTable(y)) => same_table(x, y),
+        (Value::String(x), Value::String(y)) => x.value() == y.value(),
+        (Value::Integer(x), Value::Integer(y)) => x.value() == y.value(),
+        (Value::Boolean(x), Value::Boolean(y)) => x.value() == y.value(),
+        (Value::Float(x), Value::Float(y)) => x.value().to_bits() == y.value().to_bits(),
+        (Value::Datetime(x), Value::Datetime(y)) => x.value() == y.value(),
+        _ => false,
+    }
 }
 
 /// The drop-in for config `version`: the handler's table alone.
-fn drop_in_text(version: i64, handler: &Handler) -> String {
+fn drop_in_text(version: i64, handler: &Handler, options: Option<Table>) -> String {
     let mut document = DocumentMut::new();
     document.decor_mut().set_prefix(
         "# Written by the runtimekit node agent: containerd's lj-runtime handler. The agent\n# rewrites it when it changes and removes it when the kit is uninstalled.\n",
@@ -282,7 +338,7 @@ fn drop_in_text(version: i64, handler: &Handler) -> String {
     document.insert("version", value(version));
     let mut runtimes = Table::new();
     runtimes.set_implicit(true);
-    let mut table = handler_table(handler);
+    let mut table = handler_table(handler, options);
     table.decor_mut().clear();
     runtimes.insert(&handler.name, Item::Table(table));
     let mut containerd = Table::new();
@@ -341,7 +397,7 @@ fn runtimes_mut<'d>(
     version: i64,
 ) -> Result<&'d mut dyn toml_edit::TableLike, ConfigError> {
     let mut item = document.as_item_mut();
-    for key in ["plugins", cri_plugin(version), "containerd", "runtimes"] {
+    for key in runtimes_path(version) {
         let table = item
             .as_table_like_mut()
             .ok_or_else(|| ConfigError::Unexpected {

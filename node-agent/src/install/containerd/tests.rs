@@ -361,3 +361,67 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn the_handler_shares_the_default_runtimes_options() {
+    // V2's default runtime, runc, uses the systemd cgroup driver: lj-runtime's containers must too.
+    let edits = install(current(V2, None), 1, &Layout::Merged, &handler()).unwrap();
+    let document: DocumentMut = edits.main.unwrap().parse().unwrap();
+    let options = [
+        "plugins",
+        "io.containerd.grpc.v1.cri",
+        "containerd",
+        "runtimes",
+        "lj-runtime",
+        "options",
+    ];
+    let mut keys = options.to_vec();
+    keys.push("SystemdCgroup");
+    assert_eq!(at(&document, &keys).and_then(Item::as_bool), Some(true));
+    keys.pop();
+    keys.push("BinaryName");
+    assert_eq!(
+        at(&document, &keys).and_then(Item::as_str),
+        Some("/usr/local/bin/lj-runtime")
+    );
+    // A default runtime named otherwise is the one followed; its BinaryName is not copied.
+    let named = r#"version = 3
+[plugins."io.containerd.cri.v1.runtime".containerd]
+  default_runtime_name = "crun"
+[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.crun.options]
+  BinaryName = "/usr/bin/crun"
+  Root = "/run/crun"
+"#;
+    let edits = install(current(named, None), 2, &drop_in(), &handler()).unwrap();
+    let document: DocumentMut = edits.drop_in.unwrap().parse().unwrap();
+    let keys = [
+        "plugins",
+        "io.containerd.cri.v1.runtime",
+        "containerd",
+        "runtimes",
+        "lj-runtime",
+        "options",
+    ];
+    let options = at(&document, &keys).and_then(Item::as_table).unwrap();
+    assert_eq!(
+        options.get("Root").and_then(Item::as_str),
+        Some("/run/crun")
+    );
+    assert_eq!(
+        options.get("BinaryName").and_then(Item::as_str),
+        Some("/usr/local/bin/lj-runtime")
+    );
+}
+
+#[test]
+fn a_reformatted_handler_table_of_ours_is_the_same() {
+    let first = install(current(V2, None), 1, &Layout::Merged, &handler()).unwrap();
+    let (main, _) = applied(V2, None, &first);
+    // An administrator's tool re-indented the file and wrote the list on several lines.
+    let reformatted = main
+        .replace("  runtime_type", "runtime_type")
+        .replace("[\"aliyun.com/*\"]", "[\n  \"aliyun.com/*\",\n]");
+    assert_ne!(reformatted, main);
+    let again = install(current(&reformatted, None), 1, &Layout::Merged, &handler()).unwrap();
+    assert!(!again.changes(), "{again:?}");
+}
