@@ -7,6 +7,11 @@ use serde::{Deserialize, Serialize};
 /// The condition type every resource here reports.
 pub const CONDITION_READY: &str = "Ready";
 
+/// The condition a node's TopologyGroup carries when the node installer sets the node up:
+/// `False` while containerd does not run the `lj-runtime` handler, and then the operator
+/// withholds the node's cards.
+pub const CONDITION_RUNTIME_READY: &str = "RuntimeReady";
+
 /// A tier of the network topology tree, from the closest (one node) to the widest.
 ///
 /// A gang is packed into the lowest tier that holds all of its members.

@@ -12,7 +12,7 @@ mod gang_group;
 mod gpu_slice;
 mod topology_group;
 
-pub use common::{CONDITION_READY, Tier, set_condition};
+pub use common::{CONDITION_READY, CONDITION_RUNTIME_READY, Tier, set_condition};
 pub use gang_group::{
     GangGroup, GangGroupSpec, GangGroupStatus, GangMembers, GangPhase, GangPlacement, OnTimeout,
 };

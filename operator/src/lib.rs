@@ -7,6 +7,7 @@ pub mod gangs;
 pub mod jobset;
 pub mod leader;
 pub mod metrics;
+pub mod pre_uninstall;
 pub mod run;
 pub mod scheduler;
 pub mod shared;

@@ -1,5 +1,5 @@
-//! The operator binary: `run` (the scheduler and controllers) and `check` (manifests against
-//! the resource contract, offline).
+//! The operator binary: `run` (the scheduler and controllers), `check` (manifests against
+//! the resource contract, offline) and `pre-uninstall` (the chart's pre-delete hook).
 
 use clap::{Parser, Subcommand};
 use runtimekit_operator::leader::Timing;
@@ -52,12 +52,70 @@ enum Command {
         #[arg(long, env = "RUNTIMEKIT_CONFIG")]
         config: Option<PathBuf>,
     },
+    /// The chart's pre-delete hook: exit 1, naming them, while pods run under the kit's
+    /// RuntimeClass; otherwise delete the node agents' DaemonSet in the foreground and wait
+    /// until its pods (whose installers take each node's setup away) are gone.
+    PreUninstall {
+        /// The shared configuration (the RuntimeClass's name) as YAML.
+        #[arg(long, env = "RUNTIMEKIT_CONFIG")]
+        config: Option<PathBuf>,
+        /// The namespace of the node agents' DaemonSet.
+        #[arg(long, env = "POD_NAMESPACE", default_value = "runtimekit-system")]
+        namespace: String,
+        /// The node agents' DaemonSet.
+        #[arg(long, default_value = "runtimekit-node-agent")]
+        daemonset: String,
+        /// How long its pods may take to go, in seconds.
+        #[arg(long, default_value_t = 240)]
+        timeout: u64,
+        /// The Helm release being uninstalled (named in the refusal).
+        #[arg(long, default_value = "runtimekit")]
+        release: String,
+        /// Its revision the hook was rendered in (the one to roll back to).
+        #[arg(long, default_value_t = 1)]
+        revision: u32,
+    },
 }
 
 fn main() -> ExitCode {
     match Cli::parse().command {
         Command::Check { paths, config } => {
             runtimekit_operator::check::run(&paths, config.as_deref())
+        }
+        Command::PreUninstall {
+            config,
+            namespace,
+            daemonset,
+            timeout,
+            release,
+            revision,
+        } => {
+            let node_side = runtimekit_operator::pre_uninstall::NodeSide {
+                daemonset,
+                timeout: Duration::from_secs(timeout),
+                release: runtimekit_operator::pre_uninstall::Release {
+                    name: release,
+                    revision,
+                    namespace: namespace.clone(),
+                },
+                namespace,
+            };
+            let checked = tokio::runtime::Runtime::new()
+                .map_err(anyhow::Error::from)
+                .and_then(|runtime| {
+                    runtime.block_on(runtimekit_operator::pre_uninstall::run(
+                        config.as_deref(),
+                        &node_side,
+                    ))
+                });
+            match checked {
+                Ok(true) => ExitCode::SUCCESS,
+                Ok(false) => ExitCode::FAILURE,
+                Err(e) => {
+                    eprintln!("error: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
         }
         Command::Run {
             config,

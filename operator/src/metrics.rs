@@ -196,45 +196,60 @@ pub struct Metrics {
 impl Metrics {
     /// A fresh set of metrics, registered under the `runtimekit_operator` prefix.
     pub fn new() -> Metrics {
-        let mut registry = Registry::with_prefix("runtimekit_operator");
-        let attempts = Family::<ResultLabels, Counter>::default();
+        let mut registry = Registry::default();
+        // A gauge of 1, not an OpenMetrics info: the classic text format (what promtool and
+        // DCGM's users read) has no `info` type, and promtool refuses the whole scrape.
+        let build = Family::<Vec<(String, String)>, Gauge>::default();
+        build
+            .get_or_create(&vec![
+                ("version".to_owned(), env!("CARGO_PKG_VERSION").to_owned()),
+                ("component".to_owned(), "operator".to_owned()),
+            ])
+            .set(1);
         registry.register(
+            "runtimekit_build_info",
+            "The kit's version and this component",
+            build,
+        );
+        let operator = registry.sub_registry_with_prefix("runtimekit_operator");
+        let attempts = Family::<ResultLabels, Counter>::default();
+        operator.register(
             "scheduling_attempts",
             "Scheduling attempts by result",
             attempts.clone(),
         );
         let decision_seconds = Histogram::new(exponential_buckets(1e-6, 4.0, 12));
-        registry.register(
+        operator.register(
             "decision_seconds",
             "Time the placement engine took per decision",
             decision_seconds.clone(),
         );
         let create_to_bound_seconds = Histogram::new(exponential_buckets(0.005, 2.0, 14));
-        registry.register(
+        operator.register(
             "create_to_bound_seconds",
             "Time from pod creation to binding",
             create_to_bound_seconds.clone(),
         );
         let binding_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 14));
-        registry.register(
+        operator.register(
             "binding_seconds",
             "Time the GpuSlice and Binding writes of one pod took",
             binding_seconds.clone(),
         );
         let queue_depth = Gauge::default();
-        registry.register(
+        operator.register(
             "queue_depth",
             "Pods waiting to be scheduled",
             queue_depth.clone(),
         );
         let holding_pods = Gauge::default();
-        registry.register(
+        operator.register(
             "holding_pods",
             "Pods the placement engine holds capacity for (allocations, usage or reservations); 0 when nothing runs",
             holding_pods.clone(),
         );
         let gangs = Family::<PhaseLabels, Gauge>::default();
-        registry.register("gangs", "GangGroups by phase", gangs.clone());
+        operator.register("gangs", "GangGroups by phase", gangs.clone());
         // Every phase is served from the start, at 0 until the gang controller counts.
         for phase in GANG_PHASES {
             gangs
@@ -244,7 +259,7 @@ impl Metrics {
                 .set(0);
         }
         let ledger = LedgerSlot::default();
-        registry.register_collector(Box::new(LedgerView(ledger.clone())));
+        operator.register_collector(Box::new(LedgerView(ledger.clone())));
         Metrics {
             ledger,
             registry,
@@ -332,5 +347,25 @@ async fn ready_handler(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse
         (StatusCode::OK, "ok")
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "not synced yet")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_build_is_named_beside_the_operator_s_families() {
+        let text = Metrics::new().encode().expect("encodes");
+        let build = format!(
+            "runtimekit_build_info{{version=\"{}\",component=\"operator\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        );
+        assert!(text.contains(&build), "{text}");
+        assert!(text.contains("runtimekit_operator_queue_depth 0"), "{text}");
+        assert!(
+            text.contains("runtimekit_operator_gangs{phase=\"Running\"} 0"),
+            "{text}"
+        );
     }
 }

@@ -3,7 +3,7 @@
 //! the rebuild of a restarted operator from GpuSlices and the pods' allocation annotations.
 
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use runtimekit_contract::RuntimeKitConfig;
 use runtimekit_crds::{
@@ -361,6 +361,49 @@ fn a_stale_agent_has_its_cards_withheld() {
     assert!(message.starts_with("0/1 nodes are available"), "{message}");
     state.apply_group(&group("n1", 1, Timestamp::now()), Timestamp::now());
     bind(&mut state, "uid-p", Instant::now() + Duration::from_secs(2));
+}
+
+#[test]
+fn a_node_without_the_runtime_handler_has_its_cards_withheld() {
+    let mut state = State::new(RuntimeKitConfig::default());
+    state.apply_node(&node("n1"));
+    let runtime = |status: &str| {
+        let mut group = group("n1", 1, Timestamp::now());
+        if let Some(s) = group.status.as_mut() {
+            s.conditions.push(Condition {
+                type_: "RuntimeReady".into(),
+                status: status.into(),
+                reason: "ContainerdConfigUnparsable".into(),
+                message: "containerd's configuration cannot be read as TOML".into(),
+                last_transition_time: Time(Timestamp::now()),
+                observed_generation: None,
+            });
+        }
+        group
+    };
+    state.apply_group(&runtime("False"), Timestamp::now());
+    state.refresh_topology();
+    state.pods_synced();
+    state.apply_pod(&pod("p", whole(), 1));
+    let Outcome::Unschedulable { message, .. } = state.schedule("uid-p", Instant::now()) else {
+        panic!("the cards of a node without the handler are offered");
+    };
+    assert!(
+        message.contains("1 node(s) had no node agent offering cards"),
+        "{message}"
+    );
+    // A heartbeat does not offer them again while the condition stays False.
+    state.refresh_heartbeats(Timestamp::now());
+    assert!(matches!(
+        state.schedule("uid-p", Instant::now() + Duration::from_secs(1)),
+        Outcome::Unschedulable { .. }
+    ));
+    state.apply_group(&runtime("True"), Timestamp::now());
+    bind(
+        &mut state,
+        "uid-p",
+        Instant::now() + Duration::from_secs(30),
+    );
 }
 
 #[test]

@@ -3,9 +3,10 @@
 //! network position of its node.
 
 use crate::cards::{CardRow, position_of};
+use crate::layout::layout_words;
 use crate::slices::{SliceRow, nics_sentence, share_phrase};
 use k8s_openapi::api::core::v1::Pod;
-use runtimekit_crds::{GangGroup, GangPhase};
+use runtimekit_crds::{GangGroup, GangPhase, NicStatus};
 use serde::Serialize;
 
 /// What `kubectl gpu explain` says about one pod.
@@ -31,6 +32,8 @@ pub struct Facts<'a> {
     pub slices: &'a [SliceRow],
     /// The cards of the pod's node.
     pub node_cards: &'a [CardRow],
+    /// The RDMA NICs of the pod's node.
+    pub node_nics: &'a [NicStatus],
     /// The pod's gang, if it has one.
     pub gang: Option<&'a GangGroup>,
 }
@@ -148,6 +151,13 @@ fn placed(
             ));
         }
     }
+    if ended.is_none() {
+        lines.extend(layout_words(
+            facts.slices,
+            facts.node_cards,
+            facts.node_nics,
+        ));
+    }
     if let Some(gang) = facts.gang {
         lines.push(gang_words(gang));
     }
@@ -191,8 +201,8 @@ pub fn hints(message: &str) -> Vec<String> {
             "Those nodes are not GPU nodes of this project: the platform team labels them lj_runtimekit_enable=true.",
         ),
         (
-            "had no node agent reporting",
-            "Those nodes' agents are not reporting: check the runtimekit-node-agent pods there.",
+            "had no node agent offering cards",
+            "Those nodes' cards are not offered: their agent is not reporting (check the runtimekit-node-agent pods there), or the node installer has not set containerd up (the node's TopologyGroup condition RuntimeReady says why).",
         ),
         (
             "switched off",
@@ -307,6 +317,7 @@ mod tests {
             scheduler: "lj-runtimekit-scheduler",
             slices: &slices,
             node_cards: &cards,
+            node_nics: &[],
             gang: None,
         });
         assert_eq!(said.verdict, "Placed");
@@ -333,6 +344,7 @@ mod tests {
             scheduler: "lj-runtimekit-scheduler",
             slices: &[claimed],
             node_cards: &cards,
+            node_nics: &[],
             gang: None,
         });
         assert_eq!(said.verdict, "Claims");
@@ -357,6 +369,7 @@ mod tests {
             scheduler: "lj-runtimekit-scheduler",
             slices: &[],
             node_cards: &cards,
+            node_nics: &[],
             gang: None,
         });
         assert_eq!(said.verdict, "Ended");
@@ -400,6 +413,7 @@ mod tests {
             scheduler: "lj-runtimekit-scheduler",
             slices: &[],
             node_cards: &[],
+            node_nics: &[],
             gang: Some(&gang),
         });
         assert_eq!(said.verdict, "Pending");
@@ -432,6 +446,7 @@ mod tests {
             scheduler: "lj-runtimekit-scheduler",
             slices: &[],
             node_cards: &[],
+            node_nics: &[],
             gang: None,
         });
         assert_eq!(said.verdict, "NotOurs");

@@ -6,6 +6,8 @@
 //! - [`claims`]: what DRA ResourceClaims of the kit's driver hold, read as the ledger's slices;
 //! - [`explain`]: why a pod is where it is, or why it is Pending, in plain words
 //!   (`kubectl gpu explain POD`);
+//! - [`layout`]: where a pod's cards and NICs sit inside their node (interconnect groups, PCIe
+//!   switches), as `explain` says it;
 //! - [`fit`]: where a pod would land now and why, or why nowhere, without creating it
 //!   (`kubectl gpu fit -f POD.yaml`: the placement engine over the cluster as listed);
 //! - [`table`]: kubectl-style tables;
@@ -17,6 +19,7 @@ pub mod cards;
 pub mod claims;
 pub mod explain;
 pub mod fit;
+pub mod layout;
 pub mod slices;
 pub mod table;
 pub mod usage;

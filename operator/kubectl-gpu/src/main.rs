@@ -131,7 +131,7 @@ async fn run(cli: Cli) -> Result<String> {
     let driver = runtimekit_contract::dra::driver_name(&cli.resource_prefix);
     match cli.command {
         Command::Nodes => {
-            let rows = node_cards(&client, &driver).await?;
+            let rows = node_cards(&client, &groups(&client).await?, &driver).await?;
             show(cli.output, &rows, nodes_table)
         }
         Command::Pods {
@@ -179,8 +179,10 @@ async fn run(cli: Cli) -> Result<String> {
                 .into_iter()
                 .filter(|s| s.spec.pod.uid == uid)
                 .collect();
+            // One listing of the groups serves the claims, the node's cards and its NICs.
+            let groups = groups(&client).await?;
             let entries: Vec<ClaimEntry> =
-                claim_entries(&client, Some(&namespace), &groups(&client).await?, &driver)
+                claim_entries(&client, Some(&namespace), &groups, &driver)
                     .await?
                     .into_iter()
                     .filter(|e| e.slice.spec.pod.uid == uid)
@@ -189,13 +191,23 @@ async fn run(cli: Cli) -> Result<String> {
             held.extend(claims::rows(&entries));
             let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
             let node_cards: Vec<CardRow> = match &node {
-                Some(node) => node_cards(&client, &driver)
+                Some(node) => node_cards(&client, &groups, &driver)
                     .await?
                     .into_iter()
                     .filter(|c| &c.node == node)
                     .collect(),
                 None => Vec::new(),
             };
+            let node_nics = node
+                .as_ref()
+                .and_then(|node| {
+                    groups
+                        .iter()
+                        .find(|g| g.spec.node_name.as_ref() == Some(node))
+                })
+                .and_then(|g| g.status.as_ref())
+                .map(|s| s.nics.clone())
+                .unwrap_or_default();
             let gang = match gang_of(&pod) {
                 Some(name) => {
                     Api::<GangGroup>::namespaced(client.clone(), &namespace)
@@ -209,6 +221,7 @@ async fn run(cli: Cli) -> Result<String> {
                 scheduler: &cli.scheduler_name,
                 slices: &held,
                 node_cards: &node_cards,
+                node_nics: &node_nics,
                 gang: gang.as_ref(),
             });
             sentences(cli.output, &explanation, &explanation.lines)
@@ -359,13 +372,16 @@ async fn groups(client: &Client) -> Result<Vec<TopologyGroup>> {
 }
 
 /// Every node's cards, with what GpuSlices and the kit's DRA claims hold on them.
-async fn node_cards(client: &Client, driver: &str) -> Result<Vec<CardRow>> {
-    let groups = groups(client).await?;
-    let entries = claim_entries(client, None, &groups, driver).await?;
+async fn node_cards(
+    client: &Client,
+    groups: &[TopologyGroup],
+    driver: &str,
+) -> Result<Vec<CardRow>> {
+    let entries = claim_entries(client, None, groups, driver).await?;
     let mut slices = all_slices(client).await?;
     slices.extend(entries.iter().map(|e| e.slice.clone()));
     Ok(cards::rows(
-        &claims::without_shown_holders(&groups, &entries),
+        &claims::without_shown_holders(groups, &entries),
         &slices,
     ))
 }

@@ -31,7 +31,8 @@ pub enum Reason {
         /// The label that enables it.
         label: String,
     },
-    /// The node's agent is not reporting, so its cards are not offered.
+    /// The node's agent does not offer its cards: it is not reporting, or containerd does not
+    /// run the lj-runtime handler yet.
     AgentNotReporting,
     /// The pod asks for whole cards and the node gives them through DRA.
     WholeCardsByDra {
@@ -261,7 +262,7 @@ impl fmt::Display for Reason {
             Reason::Insufficient { resource } => write!(f, "Insufficient {resource}"),
             Reason::TooManyPods => f.write_str("Too many pods"),
             Reason::NotEnabled { label } => write!(f, "node(s) were not labelled {label}=true"),
-            Reason::AgentNotReporting => f.write_str("node(s) had no node agent reporting"),
+            Reason::AgentNotReporting => f.write_str("node(s) had no node agent offering cards"),
             Reason::WholeCardsByDra { label } => write!(
                 f,
                 "node(s) gave whole cards through DRA ({label}): ask for them with a ResourceClaim under the default scheduler"

@@ -7,7 +7,9 @@ use crate::{Cluster, NodeDevices, NodeInfo, Resources, Settings, Share, SliceInp
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
 use runtimekit_contract::RuntimeKitConfig;
-use runtimekit_crds::{CardStatus, GpuSlice, TopologyGroup, TopologyGroupStatus};
+use runtimekit_crds::{
+    CONDITION_RUNTIME_READY, CardStatus, GpuSlice, TopologyGroup, TopologyGroupStatus,
+};
 use std::time::Duration;
 
 /// How often an agent that does not say is taken to heartbeat: the agent's default.
@@ -24,6 +26,15 @@ pub struct Heartbeat {
     pub at: Option<Timestamp>,
     /// How often it beats.
     pub every: Duration,
+}
+
+/// Whether the node runs the `lj-runtime` handler: no `RuntimeReady` condition that is
+/// `False` (agents without the node installer, and older ones, report none).
+pub fn runtime_ready(status: &TopologyGroupStatus) -> bool {
+    !status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == CONDITION_RUNTIME_READY && c.status == "False")
 }
 
 impl Heartbeat {
@@ -111,7 +122,10 @@ pub fn cluster_from(
         for hold in outside_holds(&devices.node, &status.cards) {
             cluster.upsert_slice(hold);
         }
-        cluster.set_agent_reporting(&devices.node, Heartbeat::of(&status).fresh(now));
+        cluster.set_agent_reporting(
+            &devices.node,
+            Heartbeat::of(&status).fresh(now) && runtime_ready(&status),
+        );
     }
     for slice in listed.slices {
         match SliceInput::from_gpu_slice(slice) {
@@ -224,7 +238,7 @@ mod tests {
             Ok(_) => true,
             Err(refused) => {
                 assert!(
-                    refused.to_string().contains("no node agent reporting"),
+                    refused.to_string().contains("no node agent offering cards"),
                     "{refused}"
                 );
                 false

@@ -311,7 +311,7 @@ fn gpu_pods_need_an_enabled_node_with_a_reporting_agent() {
     c.set_agent_reporting("stale", false);
     assert_eq!(
         message(&c, &whole("p", 1)),
-        "0/2 nodes are available: 1 node(s) had no node agent reporting, \
+        "0/2 nodes are available: 1 node(s) had no node agent offering cards, \
          1 node(s) were not labelled lj_runtimekit_enable=true."
     );
     // A pod without cards may go anywhere.

@@ -9,7 +9,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use runtimekit_crds::{CardHealth, CardStatus, NicStatus, Tier, TopologyCapacity, TopologyGroup};
 use runtimekit_placement as placement;
-use runtimekit_placement::snapshot::{Heartbeat, outside_holder, outside_holds};
+use runtimekit_placement::snapshot::{Heartbeat, outside_holder, outside_holds, runtime_ready};
 use std::collections::{BTreeMap, BTreeSet};
 
 impl Feed for TopologyGroup {
@@ -45,6 +45,16 @@ pub(super) struct NodeGroup {
     devices: u64,
     /// The cards its agent reports Unhealthy, by index.
     pub(super) faulted: Vec<u32>,
+    /// Whether the node runs the `lj-runtime` handler (no `RuntimeReady` condition that is
+    /// `False`: agents without the installer, and older ones, report none).
+    runtime_ready: bool,
+}
+
+impl NodeGroup {
+    /// Whether the node's cards may be offered now.
+    fn offered(&self, now: Timestamp) -> bool {
+        self.heartbeat.fresh(now) && self.runtime_ready
+    }
 }
 
 /// What the TopologyGroup controller must write.
@@ -115,15 +125,13 @@ impl State {
                 self.hold_outside(&node, &status.cards);
             }
             let heartbeat = Heartbeat::of(&status);
-            let reporting = heartbeat.fresh(now);
-            let was_reporting = self
-                .node_groups
-                .get(&name)
-                .is_some_and(|g| g.heartbeat.fresh(now));
-            if reporting && !was_reporting {
+            let runtime_ready = runtime_ready(&status);
+            let offered = heartbeat.fresh(now) && runtime_ready;
+            let was_offered = self.node_groups.get(&name).is_some_and(|g| g.offered(now));
+            if offered && !was_offered {
                 self.capacity_freed = true;
             }
-            self.engine.set_agent_reporting(&node, reporting);
+            self.engine.set_agent_reporting(&node, offered);
             let stale_reported = self
                 .node_groups
                 .get(&name)
@@ -145,6 +153,7 @@ impl State {
                     stale_reported,
                     devices,
                     faulted,
+                    runtime_ready,
                 },
             );
             return;
@@ -270,7 +279,7 @@ impl State {
     pub fn refresh_heartbeats(&mut self, now: Timestamp) {
         for group in self.node_groups.values() {
             self.engine
-                .set_agent_reporting(&group.node, group.heartbeat.fresh(now));
+                .set_agent_reporting(&group.node, group.offered(now));
         }
     }
 

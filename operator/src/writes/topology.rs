@@ -6,17 +6,27 @@ use crate::state::TopologyPlan;
 use crate::topology::DERIVED_LABEL;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
-use runtimekit_crds::TopologyGroup;
+use runtimekit_crds::{Tier, TopologyGroup};
 
 /// The condition this controller owns on node-tier groups (the agent owns Ready).
 const REPORTING: &str = "AgentReporting";
+
+/// A group's spec as applied: with no parent, the field is left out (not `null`), so
+/// server-side apply drops one this manager set before and kubectl shows the cell empty.
+fn spec(tier: &impl serde::Serialize, parent: Option<&str>) -> serde_json::Value {
+    let mut spec = serde_json::json!({ "tier": tier });
+    if let Some(parent) = parent {
+        spec["parent"] = parent.into();
+    }
+    spec
+}
 
 /// Makes the API match `plan`; each failed write is logged and retried by a later plan.
 pub async fn apply_plan(api: &Api<TopologyGroup>, plan: &TopologyPlan, now: Timestamp) {
     for (name, tier, parent) in &plan.derived {
         let fields = serde_json::json!({
             "metadata": {"name": name, "labels": {DERIVED_LABEL: "true"}},
-            "spec": {"tier": tier, "parent": parent},
+            "spec": spec(tier, parent.as_deref()),
         });
         write(api, name, fields, Part::Object).await;
     }
@@ -28,7 +38,7 @@ pub async fn apply_plan(api: &Api<TopologyGroup>, plan: &TopologyPlan, now: Time
         write(
             api,
             name,
-            serde_json::json!({"spec": {"tier": "Node", "parent": parent}}),
+            serde_json::json!({"spec": spec(&Tier::Node, parent.as_deref())}),
             Part::Object,
         )
         .await;
@@ -87,4 +97,21 @@ async fn write(api: &Api<TopologyGroup>, name: &str, fields: serde_json::Value, 
         Part::Status => api.patch_status(name, &params, &body).await,
     };
     log_failure("a TopologyGroup", name, result.map(|_| ()));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_group_without_parent_applies_no_parent_field() {
+        assert_eq!(
+            spec(&Tier::NetworkPod, None),
+            serde_json::json!({"tier": "NetworkPod"})
+        );
+        assert_eq!(
+            spec(&Tier::Node, Some("hypernode-a")),
+            serde_json::json!({"tier": "Node", "parent": "hypernode-a"})
+        );
+    }
 }
