@@ -71,9 +71,13 @@ crds:
 check-pod +paths:
     cargo run --quiet -p runtimekit-operator -- check {{paths}}
 
-# Build the pinned control-plane binaries (etcd, kube-*, JobSet, kwok) into the cache.
+# Build the pinned control-plane binaries (etcd, kube-*, JobSet, kwok, containerd, helm) into the cache.
 build-tools:
     e2e/scripts/build-tools.sh
+
+# Render config/'s manifests and docs/helm-values.md from the Helm chart (config/helm/runtimekit), the source of both.
+config:
+    e2e/scripts/render-config.sh
 
 # Placement engine benchmark: decisions/s while 500 and 5,000 nodes fill, gangs, memory per card (table, then JSON).
 bench-engine:

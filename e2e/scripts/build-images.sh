@@ -10,7 +10,7 @@
 # busybox     the test image: busybox with every applet on PATH
 # demo-app    the demo's workload: busybox that prints what its container was given, then sleeps
 # operator    runtimekit-operator, a static release binary, running as the non-root user 65532
-# node-agent  runtimekit-node-agent and lj-runtime (static), and runtimekit-resource-layer, which
+# node-agent  runtimekit-node-agent, runtimekit-node-installer and lj-runtime (static), and runtimekit-resource-layer, which
 #             loads NVML with dlopen and so is linked against glibc, shipped in the image, and
 #             the isolation library lj-runtime preloads into time-division containers
 # cuda-test   runtimekit-cuda-probe with the fake driver as its libcuda.so.1 and glibc: what a CUDA
@@ -65,12 +65,17 @@ host_release="$here/target/release"
 quiet=(--quiet)
 [ -t 2 ] && quiet=()
 
-# release_binaries STATIC PACKAGE:BINARY...: release builds, statically linked when STATIC is
-# yes (glibc's crt-static; target-specific so the host's build scripts stay dynamic).
+# release_binaries STATIC PACKAGE:TARGET...: one release build of every TARGET (a binary's name,
+# or `lib` for the package's library), statically linked when STATIC is yes (glibc's crt-static;
+# target-specific so the host's build scripts stay dynamic). One cargo run for all of them, so the
+# dependencies they share are built once.
 release_binaries() {
   local static=$1; shift
+  [ $# -gt 0 ] || return 0
   local args=()
-  for spec in "$@"; do args+=(-p "${spec%%:*}" --bin "${spec#*:}"); done
+  for spec in "$@"; do
+    if [ "${spec#*:}" = lib ]; then args+=(-p "${spec%%:*}" --lib); else args+=(-p "${spec%%:*}" --bin "${spec#*:}"); fi
+  done
   echo "building ${*#*:} (release$([ "$static" = yes ] && echo ", static"))" >&2
   if [ "$static" = yes ]; then
     RUSTFLAGS="-C target-feature=+crt-static" cargo build "${quiet[@]}" --locked --release --target "$target" "${args[@]}" >&2
@@ -139,32 +144,48 @@ exec sleep infinity'
 
 images=("$@")
 [ ${#images[@]} -gt 0 ] || images=(pause busybox)
+
+# What each product image is built from: static binaries (they run on any host, and the installer
+# copies lj-runtime onto the node), and host builds (the resource layer loads NVML with dlopen,
+# which a static glibc binary cannot; the isolation library is preloaded into containers).
+declare -A static_targets=(
+  [operator]="runtimekit-operator:runtimekit-operator"
+  [node-agent]="runtimekit-node-agent:runtimekit-node-agent runtimekit-node-agent:runtimekit-node-installer runtimekit-lj-runtime:lj-runtime"
+)
+declare -A host_targets=(
+  [node-agent]="runtimekit-resource-layer:runtimekit-resource-layer runtimekit-isolation:lib"
+  [cuda-test]="runtimekit-isolation:runtimekit-cuda-probe runtimekit-fake-cuda:lib"
+)
+statics=() hosts=()
+for image in "${images[@]}"; do
+  # shellcheck disable=SC2206 # the lists are space-separated specs
+  statics+=(${static_targets[$image]:-})
+  # shellcheck disable=SC2206
+  hosts+=(${host_targets[$image]:-})
+done
+# Every image asked for from one build of each kind (the demo's first run builds both at once).
+release_binaries yes "${statics[@]}"
+release_binaries no "${hosts[@]}"
+
 for image in "${images[@]}"; do
   case $image in
     pause) build pause --config.entrypoint /bin/busybox --config.cmd sleep --config.cmd infinity ;;
     busybox) build busybox --config.cmd /bin/sh ;;
     demo-app) build demo-app --config.entrypoint /bin/sh --config.cmd -c --config.cmd "$demo_app" ;;
     operator)
-      release_binaries yes runtimekit-operator:runtimekit-operator
       product operator 65532:65532 /usr/local/bin/runtimekit-operator \
         "$release/runtimekit-operator:/usr/local/bin/runtimekit-operator"
       ;;
     node-agent)
-      release_binaries yes runtimekit-node-agent:runtimekit-node-agent runtimekit-lj-runtime:lj-runtime
-      release_binaries no runtimekit-resource-layer:runtimekit-resource-layer
-      echo "building the isolation library (release)" >&2
-      cargo build "${quiet[@]}" --locked --release -p runtimekit-isolation --lib >&2
       mapfile -t libs < <(libraries_of "$host_release/runtimekit-resource-layer")
       product node-agent 0:0 "" \
         "$release/runtimekit-node-agent:/usr/local/bin/runtimekit-node-agent" \
+        "$release/runtimekit-node-installer:/usr/local/bin/runtimekit-node-installer" \
         "$release/lj-runtime:/usr/local/bin/lj-runtime" \
         "$host_release/runtimekit-resource-layer:/usr/local/bin/runtimekit-resource-layer" \
         "$host_release/libruntimekit_isolation.so:/usr/local/lib/runtimekit/libruntimekit_isolation.so" "${libs[@]}"
       ;;
     cuda-test)
-      release_binaries no runtimekit-isolation:runtimekit-cuda-probe
-      echo "building the fake CUDA driver (release)" >&2
-      cargo build "${quiet[@]}" --locked --release -p runtimekit-fake-cuda >&2
       mapfile -t libs < <(libraries_of "$host_release/runtimekit-cuda-probe"; libraries_of "$host_release/libruntimekit_fake_cuda.so")
       mapfile -t libs < <(printf '%s\n' "${libs[@]}" | sort -u)
       product cuda-test 0:0 /usr/local/bin/runtimekit-cuda-probe \

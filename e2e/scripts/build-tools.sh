@@ -3,9 +3,9 @@
 # and caches them by version under $RUNTIMEKIT_CACHE (default ~/.cache/runtimekit), so a
 # second run takes seconds. Prints, for each family, the directory holding its binaries.
 #
-#   e2e/scripts/build-tools.sh [k8s|k8s-1.35|etcd|jobset|kwok|containerd|volcano ...]
-#   Default: etcd, kwok, jobset, k8s (the current release) and containerd (the real node's
-#   runtime). k8s-1.35 is the oldest supported release, for `just e2e-k8s 1.35`; volcano is the
+#   e2e/scripts/build-tools.sh [k8s|k8s-1.35|etcd|jobset|kwok|containerd|helm|volcano ...]
+#   Default: etcd, kwok, jobset, k8s (the current release), containerd (the real node's
+#   runtime) and helm (which installs the kit's chart). k8s-1.35 is the oldest supported release, for `just e2e-k8s 1.35`; volcano is the
 #   scheduler benchmark's peer.
 set -euo pipefail
 
@@ -20,7 +20,7 @@ module_version() {
 
 # The binaries of the families asked for, counted as they are built or found, so a cold build
 # says how far it is.
-declare -A per_family=([etcd]=1 [kwok]=1 [jobset]=1 [k8s]=5 [k8s-1.35]=5 [containerd]=3 [volcano]=1)
+declare -A per_family=([etcd]=1 [kwok]=1 [jobset]=1 [k8s]=5 [k8s-1.35]=5 [containerd]=3 [helm]=1 [volcano]=1)
 total=0
 counted=0
 
@@ -101,6 +101,12 @@ build_containerd() {
     containerd=$pkg/cmd/containerd containerd-shim-runc-v2=$pkg/cmd/containerd-shim-runc-v2 ctr=$pkg/cmd/ctr
 }
 
+build_helm() {
+  local v; v=$(module_version helm.sh/helm/v4 helm)
+  build helm "$v" "-X helm.sh/helm/v4/internal/version.version=$v -X helm.sh/helm/v4/internal/version.gitTreeState=clean" \
+    helm=helm.sh/helm/v4/cmd/helm
+}
+
 build_volcano() {
   local v; v=$(cat "$here/tools/volcano/version")
   local out="$cache/bin/volcano-$v"
@@ -122,12 +128,12 @@ build_volcano() {
 }
 
 families=("$@")
-[ ${#families[@]} -gt 0 ] || families=(etcd kwok jobset k8s containerd)
+[ ${#families[@]} -gt 0 ] || families=(etcd kwok jobset k8s containerd helm)
 for family in "${families[@]}"; do total=$((total + ${per_family[$family]:-0})); done
 for family in "${families[@]}"; do
   case $family in
-    k8s | etcd | jobset | kwok | containerd | volcano) "build_$family" ;;
+    k8s | etcd | jobset | kwok | containerd | helm | volcano) "build_$family" ;;
     k8s-1.35) build_k8s "$family" ;;
-    *) echo "unknown tool family: $family (expected k8s, k8s-1.35, etcd, jobset, kwok, containerd or volcano)" >&2; exit 2 ;;
+    *) echo "unknown tool family: $family (expected k8s, k8s-1.35, etcd, jobset, kwok, containerd, helm or volcano)" >&2; exit 2 ;;
   esac
 done

@@ -111,6 +111,14 @@ impl Tools {
             .context("build-tools.sh printed no volcano directory")
     }
 
+    /// The `helm` binary (helm.sh/helm/v4 built from e2e/tools/helm), built on first use.
+    pub fn helm() -> Result<PathBuf> {
+        Ok(build_tools(&["helm"])?
+            .pop()
+            .context("build-tools.sh printed no helm directory")?
+            .join("helm"))
+    }
+
     /// The kubectl built with the control plane (same version, so no skew warnings).
     pub fn kubectl(&self) -> PathBuf {
         self.k8s.join("kubectl")

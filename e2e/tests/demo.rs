@@ -101,6 +101,11 @@ fn the_demo_runs_the_whole_product_and_leaves_a_cluster_to_use() {
         "a time-division share (50% 4Gi)",
         "the MIG instance 3g.20gb",
         "Its RDMA NICs, the nearest to its cards",
+        // The PPU examples, with the vendor selector, show the picks section 4.1 is about.
+        "Pod default/ppu-810e-demo runs on node ppu810e-",
+        ") are all of interconnect group ppu-group-",
+        "Pod default/ppu-m890p-rdma-demo runs on node ppu890p-",
+        "every card shares its switch with a NIC",
         "It is a member of gang gang-nccl-test (7 of 7 bound",
         "RUNTIMEKIT_GPU_CORE_LIMIT=50",
         "RUNTIMEKIT_GPU_MEMORY_LIMIT_MIB=4096",
@@ -118,6 +123,8 @@ fn the_demo_runs_the_whole_product_and_leaves_a_cluster_to_use() {
     ] {
         assert!(first.contains(expected), "{expected} in:\n{first}");
     }
+    // kubectl's listings print no empty cell as a template's placeholder.
+    assert!(!first.contains("<no value>"), "{first}");
 
     // The README's quick start shows what the demo prints: its steps and closing words.
     let readme =

@@ -2,8 +2,9 @@
 //! controller and kwok (plus kube-scheduler on request), each started by PID, waited for until
 //! ready, and stopped by the PIDs it recorded.
 
-mod deploy;
+pub mod deploy;
 pub mod node_side;
+pub mod previous;
 pub mod real_node;
 pub mod simulated;
 
@@ -484,7 +485,10 @@ impl Cluster {
             .create(true)
             .append(true)
             .open(self.dir.join(PID_FILE))?;
-        writeln!(pids, "{name} {pid} {}", program.display())?;
+        // The file /proc/PID/exe names, which `stop_recorded` checks: `/bin/sh` is a link to
+        // dash on Debian, and a supervisor recorded as `/bin/sh` was never stopped.
+        let exe = std::fs::canonicalize(program).unwrap_or_else(|_| program.to_owned());
+        writeln!(pids, "{name} {pid} {}", exe.display())?;
         self.components.push(Component {
             name: name.to_owned(),
             pid,
@@ -622,7 +626,10 @@ pub fn stop_recorded(dir: &Path) -> Result<usize> {
         });
         if running {
             if name == "containerd" {
-                real_node::kill_containers(dir, Path::new(program));
+                // containerd runs under its supervisor, the recorded process.
+                let containerd = crate::supervise::program_of(pid)
+                    .unwrap_or_else(|| Path::new(program).to_owned());
+                real_node::kill_containers(dir, &containerd);
             }
             stop_pid(pid, None);
             stopped += 1;

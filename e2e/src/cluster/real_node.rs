@@ -11,12 +11,14 @@
 
 use crate::cluster::Cluster;
 use crate::cluster::node_side::{AGENT_GROUP, agent_dra_args, agent_user, wait_for_socket};
+use crate::supervise::supervised;
 use crate::tools::{repo_root, run};
 use crate::workspace_binary::{workspace_binary, workspace_library};
 use anyhow::{Context, Result, bail};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -29,6 +31,23 @@ pub const ENABLE_LABEL: &str = "lj_runtimekit_enable";
 const NODE_DIR: &str = "node";
 /// lj-runtime's `isolationStateDir` under the node's folder.
 pub const ISOLATION_DIR: &str = "isolation";
+/// Where the installer puts the isolation library, under the node's folder.
+const ISOLATION_LIBRARY: &str = "lib/libruntimekit_isolation.so";
+/// Where the installer puts `lj-runtime`, under the node's folder.
+const LJ_RUNTIME: &str = "bin/lj-runtime";
+/// The administrator's lj-runtime settings the installer starts from, in the node's folder.
+pub(crate) const LJ_RUNTIME_SETTINGS: &str = "lj-runtime-settings.json";
+
+/// How the real node is set up when it starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Setup {
+    /// As the tests use it: the node installer run once on the host (as a user without the
+    /// DaemonSet would), then the resource layer and the node agent as host processes.
+    Installed,
+    /// As a user's node is before the kit: containerd, runc and the kubelet only; the
+    /// DaemonSet's installer sets it up ([`Cluster::deploy_chart`]).
+    Bare,
+}
 /// The taint a kubelet with an external cloud provider registers with.
 const UNINITIALIZED: &str = "node.cloudprovider.kubernetes.io/uninitialized";
 /// The resource the agent offers a node's whole cards as, under the default prefix.
@@ -59,6 +78,8 @@ pub struct RealNode {
     pub healthz_port: u16,
     /// The resource layer's socket.
     pub layer_socket: PathBuf,
+    /// How it was set up: a bare node offers no cards until the chart's agent runs.
+    pub setup: Setup,
 }
 
 /// The longest unix socket path the node makes under the cluster's folder (the DRA driver's
@@ -128,6 +149,11 @@ impl Cluster {
     /// and the node agent. Returns once they run; [`RealNode::wait_ready`] waits for the Node to
     /// be Ready.
     pub fn start_real_node(&mut self, name: &str) -> Result<RealNode> {
+        self.start_real_node_as(name, Setup::Installed)
+    }
+
+    /// [`Cluster::start_real_node`], the node set up as `setup` says.
+    pub fn start_real_node_as(&mut self, name: &str, setup: Setup) -> Result<RealNode> {
         check_host()?;
         check_socket_room(&self.dir)?;
         let dir = self.dir.join(NODE_DIR);
@@ -145,25 +171,19 @@ impl Cluster {
         let socket = ctrd.join("containerd.sock");
         let gpu = dir.join("gpu");
         let layer_socket = gpu.join("resource-layer.sock");
-        let layer = workspace_binary("runtimekit-resource-layer", "runtimekit-resource-layer")?;
-        std::fs::create_dir_all(gpu.join(PROFILE))?;
-        self.spawn("resource-layer", &layer, &layer_args(name, &dir, PROFILE))?;
-        wait_for_socket(&layer_socket)?;
         let runtime_config = dir.join("lj-runtime.json");
-        let library = workspace_library("runtimekit-isolation", "libruntimekit_isolation.so")?;
+        // What the administrator gives the installer (the ConfigMap's lj-runtime.json).
         std::fs::write(
-            &runtime_config,
+            dir.join(LJ_RUNTIME_SETTINGS),
             serde_json::json!({
                 "runc": find_command("runc").context("runc is not on PATH")?,
-                "nodeName": name,
                 "resourceLayerSocket": layer_socket,
                 "instanceWaitSeconds": 60,
-                "isolationLibrary": library,
+                "isolationLibrary": dir.join(ISOLATION_LIBRARY),
                 "isolationStateDir": dir.join(ISOLATION_DIR),
             })
             .to_string(),
         )?;
-        let lj_runtime = workspace_binary("runtimekit-lj-runtime", "lj-runtime")?;
         let images = build_images(&["pause", "busybox"])?;
         let pause = images
             .iter()
@@ -172,13 +192,7 @@ impl Cluster {
             .context("build-images.sh printed no pause image")?;
         std::fs::write(
             ctrd.join("config.toml"),
-            containerd_config(
-                &ctrd,
-                &dir.join("cni"),
-                &dir.join("cdi"),
-                &pause,
-                &lj_runtime,
-            ),
+            containerd_config(&ctrd, &dir.join("cni"), &dir.join("cdi"), &pause),
         )?;
         // A subnet per run, so a second cluster's pods do not take the same addresses.
         let subnet = 1 + std::process::id() % 250;
@@ -199,12 +213,17 @@ impl Cluster {
         )?;
         let containerd = self.tools.containerd.join("containerd");
         // containerd finds its runc shim on PATH, ours before any other; the shims, and
-        // lj-runtime under them, inherit its environment.
+        // lj-runtime under them, inherit its environment. Kept running as systemd keeps it on a
+        // user's node, so the installer restarts it by ending it.
         let path = std::env::var("PATH").unwrap_or_default();
-        self.spawn_with_env(
-            "containerd",
+        let (supervisor, args) = supervised(
             &containerd,
             &[format!("--config={}", ctrd.join("config.toml").display())],
+        );
+        self.spawn_with_env(
+            "containerd",
+            supervisor,
+            &args,
             &[
                 (
                     "LJ_RUNTIME_CONFIG".into(),
@@ -224,12 +243,42 @@ impl Cluster {
             pod_logs: dir.join("pod-logs"),
             healthz_port: crate::tools::free_port()?,
             layer_socket: layer_socket.clone(),
+            setup,
         };
         node.wait_for_containerd()?;
         for (reference, tar) in &images {
             node.import(reference, tar)?;
         }
+        if setup == Setup::Bare {
+            // Only what a user's node has: the kubelet, and later the DaemonSet.
+            self.start_kubelet(&node)?;
+            self.install_node_config()?;
+            return Ok(node);
+        }
+        let install = node.installer_command("install")?;
+        run(install).context("the node installer failed on the real node")?;
+        let layer = workspace_binary("runtimekit-resource-layer", "runtimekit-resource-layer")?;
+        std::fs::create_dir_all(gpu.join(PROFILE))?;
+        self.spawn("resource-layer", &layer, &layer_args(name, &dir, PROFILE))?;
+        wait_for_socket(&layer_socket)?;
+        self.start_kubelet(&node)?;
+        let agent_identity = self.pki.client(&agent_user(name), &[AGENT_GROUP])?;
+        let agent_kubeconfig = gpu.join("agent.kubeconfig");
+        std::fs::write(
+            &agent_kubeconfig,
+            self.pki
+                .kubeconfig(&self.server, "node-agent", &agent_identity),
+        )?;
+        self.install_node_config()?;
+        let agent = workspace_binary("runtimekit-node-agent", "runtimekit-node-agent")?;
+        self.spawn("node-agent", &agent, &agent_args(name, &dir, PROFILE))?;
+        Ok(node)
+    }
 
+    /// Starts the real node's kubelet.
+    fn start_kubelet(&mut self, node: &RealNode) -> Result<()> {
+        let name = &node.name;
+        let dir = &node.dir;
         let identity = self
             .pki
             .client(&format!("system:node:{name}"), &["system:nodes"])?;
@@ -239,7 +288,7 @@ impl Cluster {
             self.pki.kubeconfig(&self.server, "kubelet", &identity),
         )?;
         let config = dir.join("kubelet.yaml");
-        std::fs::write(&config, kubelet_config(&node, crate::tools::free_port()?))?;
+        std::fs::write(&config, kubelet_config(node, crate::tools::free_port()?))?;
         let kubelet = self.tools.k8s.join("kubelet");
         self.spawn(
             "kubelet",
@@ -255,17 +304,7 @@ impl Cluster {
             ],
         )?;
 
-        let agent_identity = self.pki.client(&agent_user(name), &[AGENT_GROUP])?;
-        let agent_kubeconfig = gpu.join("agent.kubeconfig");
-        std::fs::write(
-            &agent_kubeconfig,
-            self.pki
-                .kubeconfig(&self.server, "node-agent", &agent_identity),
-        )?;
-        self.install_node_config()?;
-        let agent = workspace_binary("runtimekit-node-agent", "runtimekit-node-agent")?;
-        self.spawn("node-agent", &agent, &agent_args(name, &dir, PROFILE))?;
-        Ok(node)
+        Ok(())
     }
 
     /// Restarts the real node's resource layer and node agent simulating `profile` instead, as
@@ -354,6 +393,47 @@ impl Cluster {
 }
 
 impl RealNode {
+    /// The node installer's options for this node's folder (host paths, the host's `/` at
+    /// `root`), before its command.
+    pub fn installer_args(&self, root: &Path) -> Vec<String> {
+        let host = |p: &Path| p.display().to_string();
+        let ctrd = self.dir.join("containerd");
+        vec![
+            format!("--node-name={}", self.name),
+            format!("--host-root={}", root.display()),
+            format!("--containerd-config={}", host(&ctrd.join("config.toml"))),
+            format!(
+                "--containerd-drop-in={}",
+                host(&ctrd.join("conf.d/lj-runtime.toml"))
+            ),
+            format!("--containerd-socket={}", host(&self.containerd_socket)),
+            format!("--lj-runtime={}", host(&self.dir.join(LJ_RUNTIME))),
+            format!(
+                "--lj-runtime-config={}",
+                host(&self.dir.join("lj-runtime.json"))
+            ),
+        ]
+    }
+
+    /// The node installer run on this host, as a user without the DaemonSet runs it:
+    /// `command` is `install` or `uninstall`.
+    pub fn installer_command(&self, command: &str) -> Result<Command> {
+        let installer = workspace_binary("runtimekit-node-agent", "runtimekit-node-installer")?;
+        let lj_runtime = workspace_binary("runtimekit-lj-runtime", "lj-runtime")?;
+        let library = workspace_library("runtimekit-isolation", "libruntimekit_isolation.so")?;
+        let mut install = Command::new(installer);
+        install
+            .args(self.installer_args(Path::new("/")))
+            .arg(format!(
+                "--lj-runtime-settings={}",
+                self.dir.join(LJ_RUNTIME_SETTINGS).display()
+            ))
+            .arg(format!("--lj-runtime-source={}", lj_runtime.display()))
+            .arg(format!("--isolation-library-source={}", library.display()))
+            .arg(command);
+        Ok(install)
+    }
+
     /// A `ctr` command against this node's containerd, in the CRI namespace.
     pub fn ctr(&self) -> Command {
         let mut command = Command::new(&self.ctr);
@@ -411,7 +491,8 @@ impl RealNode {
     }
 
     /// Waits until the kubelet is healthy, gives the Node its address and removes the taint a
-    /// cloud controller would, then waits until the Node is Ready.
+    /// cloud controller would, then waits until the Node is Ready (and, set up by the installer
+    /// on the host, offers the agent's cards).
     pub async fn wait_ready(&self, client: &kube::Client) -> Result<()> {
         let nodes: Api<Node> = Api::all(client.clone());
         let deadline = Instant::now() + READY_TIMEOUT;
@@ -433,14 +514,21 @@ impl RealNode {
                         .context("giving the real node its address")?;
                 } else if tainted(&node) {
                     self.untaint(&nodes, &node).await?;
-                } else if super::node_ready(&node) && offers_cards(&node, WHOLE_CARDS) {
+                } else if super::node_ready(&node)
+                    && (self.setup == Setup::Bare || offers_cards(&node, WHOLE_CARDS))
+                {
                     return Ok(());
                 }
             }
             if Instant::now() > deadline {
                 bail!(
-                    "node {} was not Ready with the node agent's cards within {READY_TIMEOUT:?}; see the logs of the kubelet, containerd, the resource layer and the node agent in {}",
+                    "node {} was not Ready{} within {READY_TIMEOUT:?}; see the logs of the kubelet, containerd, the resource layer and the node agent in {}",
                     self.name,
+                    if self.setup == Setup::Bare {
+                        ""
+                    } else {
+                        " with the node agent's cards"
+                    },
                     self.dir
                         .parent()
                         .unwrap_or(&self.dir)
@@ -508,23 +596,49 @@ fn tainted(node: &Node) -> bool {
 /// Builds (or finds cached) the images `names` with e2e/scripts/build-images.sh; returns each
 /// as (reference, tar).
 pub fn build_images(names: &[&str]) -> Result<Vec<(String, PathBuf)>> {
-    let script = repo_root().join("e2e/scripts/build-images.sh");
+    build_images_of(&repo_root(), names)
+}
+
+/// [`build_images`] of the kit's tree at `root` (another release's), by its own script.
+pub fn build_images_of(root: &Path, names: &[&str]) -> Result<Vec<(String, PathBuf)>> {
+    // Built once per process, as `workspace_binary` builds binaries: the demo asks for the
+    // images it builds up front again when it deploys, and the script's cargo runs cost seconds.
+    static BUILT: std::sync::Mutex<BTreeMap<(PathBuf, String), (String, PathBuf)>> =
+        std::sync::Mutex::new(BTreeMap::new());
+    let key = |name: &str| (root.to_owned(), name.to_owned());
+    let mut built = BUILT
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(found) = names
+        .iter()
+        .map(|name| built.get(&key(name)).cloned())
+        .collect::<Option<Vec<_>>>()
+    {
+        return Ok(found);
+    }
+    let script = root.join("e2e/scripts/build-images.sh");
     let mut command = Command::new(&script);
     crate::workspace_binary::plain_cargo_env(&mut command);
-    // Its progress goes to the terminal; its output is the list.
+    // Its progress goes to the terminal; its output is the list, one line per name in order.
     command.args(names).stderr(std::process::Stdio::inherit());
-    Ok(run(command)?
+    let images: Vec<(String, PathBuf)> = run(command)?
         .lines()
         .filter_map(|l| l.split_once(' '))
         .map(|(r, t)| (r.to_owned(), PathBuf::from(t)))
-        .collect())
+        .collect();
+    if images.len() == names.len() {
+        for (name, image) in names.iter().zip(&images) {
+            built.insert(key(name), image.clone());
+        }
+    }
+    Ok(images)
 }
 
-/// containerd 2's configuration (version 3): everything under `dir`, runc as the default
-/// handler, the `lj-runtime` handler with the allocation annotation passed into the OCI spec (as
-/// config/runtime/containerd-handler.toml registers it), CDI specs read from `cdi`, and
-/// `oom_score_adj` left alone (root here lacks CAP_SYS_RESOURCE to lower it).
-fn containerd_config(dir: &Path, cni: &Path, cdi: &Path, pause: &str, lj_runtime: &Path) -> String {
+/// containerd 2's configuration (version 3), as a user's node has it before the kit: everything
+/// under `dir`, runc as the default handler, CDI specs read from `cdi`, and `oom_score_adj` left
+/// alone (root here lacks CAP_SYS_RESOURCE to lower it). The node installer adds `lj-runtime`
+/// with runc's options.
+fn containerd_config(dir: &Path, cni: &Path, cdi: &Path, pause: &str) -> String {
     let d = dir.display();
     let runtime = r#"plugins."io.containerd.cri.v1.runtime""#;
     format!(
@@ -550,20 +664,12 @@ state = "{d}/state"
 [{runtime}.containerd.runtimes.runc.options]
   SystemdCgroup = false
   Root = "{d}/runc"
-[{runtime}.containerd.runtimes.lj-runtime]
-  runtime_type = "io.containerd.runc.v2"
-  pod_annotations = ["aliyun.com/*"]
-[{runtime}.containerd.runtimes.lj-runtime.options]
-  BinaryName = "{lj}"
-  SystemdCgroup = false
-  Root = "{d}/runc"
 [{runtime}.cni]
   bin_dirs = ["/usr/lib/cni"]
   conf_dir = "{cni}/net.d"
 "#,
         cni = cni.display(),
         cdi = cdi.display(),
-        lj = lj_runtime.display(),
     )
 }
 

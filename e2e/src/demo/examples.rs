@@ -1,15 +1,24 @@
 //! The usage guide's examples of sections 3 and 4, as the demo applies them: the verbatim copies
 //! in `contract/tests/seeds/`, with only the image placeholder replaced by the demo's image; the
 //! two examples the guide gives as a bare `spec:` get the Pod header a user would write around
-//! them. No I/O beyond reading the files.
+//! them. The two PPU examples of section 4.1 get the vendor nodeSelector the guide (section 2)
+//! advises, since `aliyun.com/gpu` names any vendor's cards. No I/O beyond reading the files.
 
+use super::fleet::{MODEL_LABEL, VENDOR_LABEL};
 use anyhow::{Context, Result, bail};
+use std::collections::BTreeMap;
 use std::path::Path;
 
 /// The image the demo's pods run (e2e/scripts/build-images.sh demo-app).
 pub const DEMO_IMAGE: &str = "docker.io/local/demo-app:1";
 /// The placeholders the usage guide writes for the user's image.
 const PLACEHOLDERS: [&str; 2] = ["<your-image>", "<your-training-image>"];
+/// The examples written for one card model, and that model's label value (see
+/// [`super::fleet::accelerator_labels`]).
+const FOR_MODEL: [(&str, &str); 2] = [
+    ("4.1-ppu-810e.yaml", "ppu-810e"),
+    ("4.1-ppu-m890p-rdma.yaml", "ppu-m890p"),
+];
 
 /// One example, ready to apply.
 #[derive(Debug, Clone, PartialEq)]
@@ -24,6 +33,8 @@ pub struct Example {
     pub yaml: String,
     /// The object, parsed.
     pub object: serde_json::Value,
+    /// The nodeSelector the demo added (empty: the example as the guide gives it).
+    pub node_selector: BTreeMap<String, String>,
 }
 
 impl Example {
@@ -75,6 +86,13 @@ pub fn example(file: &str, text: &str) -> Result<Example> {
         yaml = format!("apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n{yaml}");
         object = serde_yaml::from_str(&yaml)?;
     }
+    let mut node_selector = BTreeMap::new();
+    if let Some((_, model)) = FOR_MODEL.iter().find(|(f, _)| *f == file) {
+        node_selector.insert(VENDOR_LABEL.to_owned(), "ppu".to_owned());
+        node_selector.insert(MODEL_LABEL.to_owned(), (*model).to_owned());
+        object["spec"]["nodeSelector"] = serde_json::to_value(&node_selector)?;
+        yaml = serde_yaml::to_string(&object)?;
+    }
     let kind = object["kind"].as_str().unwrap_or_default().to_owned();
     let name = object["metadata"]["name"]
         .as_str()
@@ -89,6 +107,7 @@ pub fn example(file: &str, text: &str) -> Result<Example> {
         name,
         yaml,
         object,
+        node_selector,
     })
 }
 
@@ -101,7 +120,8 @@ mod tests {
     }
 
     #[test]
-    fn every_example_of_sections_3_and_4_is_applied_with_only_its_image_replaced() {
+    fn every_example_of_sections_3_and_4_is_applied_as_written_but_its_image_and_the_ppu_selector()
+    {
         let examples = seeds();
         let names: Vec<(&str, &str)> = examples
             .iter()
@@ -124,6 +144,16 @@ mod tests {
             let original = std::fs::read_to_string(dir.join(&example.file)).unwrap();
             let original: serde_json::Value = serde_yaml::from_str(&original).unwrap();
             let mut applied = example.object.clone();
+            // Take away the vendor selector the PPU examples were given.
+            let selected = applied["spec"]
+                .as_object_mut()
+                .and_then(|spec| spec.remove("nodeSelector"));
+            assert_eq!(
+                selected.is_some(),
+                example.file.starts_with("4.1-"),
+                "{}",
+                example.file
+            );
             // Put back the placeholder and drop the header the bare specs were given.
             let text = serde_json::to_string(&applied)
                 .unwrap()
@@ -141,6 +171,31 @@ mod tests {
                 assert_eq!(applied, original, "{}", example.file);
             }
             assert!(!example.yaml.contains("<your"), "{}", example.file);
+        }
+    }
+
+    #[test]
+    fn the_ppu_examples_select_their_model_s_nodes() {
+        let examples = seeds();
+        let selector = |name: &str| {
+            let example = examples.iter().find(|e| e.name == name).unwrap();
+            let parsed: serde_json::Value = serde_yaml::from_str(&example.yaml).unwrap();
+            assert_eq!(parsed, example.object, "the YAML applied is the object");
+            example.node_selector.clone()
+        };
+        let ppu = |model: &str| {
+            BTreeMap::from([
+                (VENDOR_LABEL.to_owned(), "ppu".to_owned()),
+                (MODEL_LABEL.to_owned(), model.to_owned()),
+            ])
+        };
+        assert_eq!(selector("ppu-810e-demo"), ppu("ppu-810e"));
+        assert_eq!(selector("ppu-m890p-rdma-demo"), ppu("ppu-m890p"));
+        assert!(selector("whole-card-demo").is_empty());
+        // The selected labels are those the demo's nodes of that model carry.
+        for model in ["ppu-810e", "ppu-m890p"] {
+            let labels = super::super::fleet::accelerator_labels(&format!("{model}-8"));
+            assert_eq!(labels, ppu(model));
         }
     }
 

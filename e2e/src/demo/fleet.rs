@@ -28,6 +28,28 @@ impl Position {
     }
 }
 
+/// The node label the usage guide (section 2) advises for a card vendor, `kubectl label node
+/// <node> accelerator/vendor=ppu`, for pods to select with a nodeSelector.
+pub const VENDOR_LABEL: &str = "accelerator/vendor";
+/// A label of the same kind for the card model: the guide's labels are the administrator's own,
+/// and the vendor alone does not tell a PPU 810E node from a PPU M890P one.
+pub const MODEL_LABEL: &str = "accelerator/model";
+
+/// The vendor and model labels an administrator gives a node of `profile` (the profile's name
+/// less its card count: `ppu-810e-8` is vendor `ppu`, model `ppu-810e`).
+pub fn accelerator_labels(profile: &str) -> BTreeMap<String, String> {
+    let model = profile.rsplit_once('-').map_or(profile, |(model, _)| model);
+    let vendor = match model.split('-').next().unwrap_or(model) {
+        "ppu" => "ppu",
+        "mi300x" => "amd",
+        _ => "nvidia",
+    };
+    BTreeMap::from([
+        (VENDOR_LABEL.to_owned(), vendor.to_owned()),
+        (MODEL_LABEL.to_owned(), model.to_owned()),
+    ])
+}
+
 /// Where the real node sits: beside a simulated H800 node in the first HyperNode.
 pub const REAL_NODE_POSITION: Position = Position {
     network_pod: "pod-a",
@@ -66,6 +88,7 @@ pub fn simulated_nodes(keys: &TopologyLabels) -> Vec<SimulatedNode> {
         .iter()
         .map(|(name, profile, position)| {
             let mut labels = position.labels(keys);
+            labels.extend(accelerator_labels(profile));
             labels.insert(ENABLE_LABEL.into(), "true".into());
             SimulatedNode {
                 name: (*name).into(),
@@ -109,5 +132,18 @@ mod tests {
         let names: BTreeSet<&str> = SIMULATED.iter().map(|(n, _, _)| *n).collect();
         assert_eq!(names.len(), SIMULATED.len(), "node names are unique");
         assert!(nodes.iter().all(|n| n.labels[ENABLE_LABEL] == "true"));
+    }
+
+    #[test]
+    fn nodes_are_labelled_by_vendor_and_model_as_the_guide_advises() {
+        let labels = |profile| {
+            let l = accelerator_labels(profile);
+            (l[VENDOR_LABEL].clone(), l[MODEL_LABEL].clone())
+        };
+        assert_eq!(labels("ppu-810e-8"), ("ppu".into(), "ppu-810e".into()));
+        assert_eq!(labels("ppu-m890p-8"), ("ppu".into(), "ppu-m890p".into()));
+        assert_eq!(labels("a100-40gb-8"), ("nvidia".into(), "a100-40gb".into()));
+        assert_eq!(labels("h800-8"), ("nvidia".into(), "h800".into()));
+        assert_eq!(labels("mi300x-8"), ("amd".into(), "mi300x".into()));
     }
 }

@@ -10,7 +10,7 @@ pub mod examples;
 pub mod fleet;
 mod show;
 
-use crate::cluster::real_node::{REAL_NODE, offers_cards};
+use crate::cluster::real_node::{REAL_NODE, Setup, offers_cards};
 use crate::cluster::{Cluster, ClusterOptions, stop_recorded};
 use crate::tools::repo_root;
 use anyhow::{Context, Result, bail};
@@ -28,7 +28,10 @@ use std::time::{Duration, Instant};
 /// How long one wait of the demo may take before it says what it was waiting for.
 const WAIT: Duration = Duration::from_secs(180);
 /// The steps [`run`] announces.
-const STEPS: usize = 8;
+const STEPS: usize = 9;
+/// The images the demo's real node runs: the kit's two (what the chart deploys), the demo's
+/// workload, and the pod sandbox and test image every real node has.
+const IMAGES: [&str; 5] = ["operator", "node-agent", "demo-app", "pause", "busybox"];
 
 /// What `./just demo` leaves running, for the caller to print or check.
 #[derive(Debug)]
@@ -37,13 +40,16 @@ pub struct Demo {
     pub kubeconfig: PathBuf,
     /// The folder holding `kubectl` and `kubectl-gpu`.
     pub bin: PathBuf,
-    /// Seconds from the start until every example was placed.
+    /// How long building took (the control plane's tools, the images, `kubectl gpu`): minutes
+    /// on a machine's first run, seconds after.
+    pub built_in: Duration,
+    /// From the cluster's start (after the build) until every example was placed.
     pub ready_after: Duration,
     /// One member of the usage guide's gang, to explain.
     pub gang_member: Option<String>,
 }
 
-/// Numbered steps, with the time since the start.
+/// Numbered steps, with the time since the start (since the build, once it is done).
 struct Progress {
     started: Instant,
     step: usize,
@@ -73,6 +79,12 @@ pub async fn run(dir: &Path) -> Result<Demo> {
     // Say what this machine lacks before anything starts.
     crate::cluster::real_node::check_host()?;
     crate::cluster::real_node::check_socket_room(dir)?;
+    progress.step(
+        "building what runs: the control plane's tools, the kit's images, kubectl gpu (the first run on a machine takes minutes)",
+    );
+    build()?;
+    let built_in = progress.started.elapsed();
+    progress.started = Instant::now();
     progress.step("control plane: etcd, kube-apiserver, kube-controller-manager, JobSet, kwok");
     let mut cluster = Cluster::start(ClusterOptions {
         dir: dir.to_owned(),
@@ -83,7 +95,7 @@ pub async fn run(dir: &Path) -> Result<Demo> {
         node_lease_seconds: crate::cluster::NODE_LEASE_SECONDS,
     })
     .await?;
-    match bring_up(&mut cluster, &mut progress).await {
+    match bring_up(&mut cluster, &mut progress, built_in).await {
         Ok(demo) => Ok(demo),
         Err(e) => {
             let tails = cluster.log_tails(5);
@@ -95,16 +107,32 @@ pub async fn run(dir: &Path) -> Result<Demo> {
     }
 }
 
-async fn bring_up(cluster: &mut Cluster, progress: &mut Progress) -> Result<Demo> {
+/// Builds (or finds cached) everything the later steps run, so their times are the product's.
+fn build() -> Result<()> {
+    crate::tools::Tools::ensure()?;
+    crate::tools::Tools::helm()?;
+    crate::cluster::real_node::build_images(&IMAGES)?;
+    crate::workspace_binary::workspace_binary("runtimekit-kubectl-gpu", "kubectl-gpu")?;
+    Ok(())
+}
+
+async fn bring_up(
+    cluster: &mut Cluster,
+    progress: &mut Progress,
+    built_in: Duration,
+) -> Result<Demo> {
     let client = cluster.client().await?;
     let config = RuntimeKitConfig::default();
     let names = config.names();
 
-    progress.step("real node: containerd, runc, CNI, lj-runtime and the kubelet");
-    let node = cluster.start_real_node(REAL_NODE)?;
+    progress.step("real node as a user's is before the kit: containerd, runc, CNI and the kubelet");
+    let node = cluster.start_real_node_as(REAL_NODE, Setup::Bare)?;
     node.wait_ready(&client).await?;
-    let position = fleet::REAL_NODE_POSITION.labels(&config.topology_labels);
-    label(&client, REAL_NODE, serde_json::to_value(position)?).await?;
+    let mut labels = fleet::REAL_NODE_POSITION.labels(&config.topology_labels);
+    labels.extend(fleet::accelerator_labels(
+        crate::cluster::real_node::PROFILE,
+    ));
+    label(&client, REAL_NODE, serde_json::to_value(labels)?).await?;
 
     progress.step(
         "simulated nodes: H800, A100, MI300X, PPU 810E and PPU M890P over two network pods, each with its node agent",
@@ -118,8 +146,10 @@ async fn bring_up(cluster: &mut Cluster, progress: &mut Progress) -> Result<Demo
     }
     cluster.start_simulated_nodes(&simulated).await?;
 
-    progress.step("operator and node agent deployed from config/ onto the real node");
-    cluster.deploy_config(&node)?;
+    progress.step(
+        "the kit installed with its Helm chart; the agent's installer sets the real node up (lj-runtime, containerd's handler)",
+    );
+    cluster.deploy_chart(&node, &[])?;
     node.import_images(&["demo-app"])?;
     wait_deployed(&client).await?;
     let mut nodes: Vec<String> = simulated.iter().map(|n| n.name.clone()).collect();
@@ -164,6 +194,7 @@ async fn bring_up(cluster: &mut Cluster, progress: &mut Progress) -> Result<Demo
     Ok(Demo {
         kubeconfig: cluster.kubeconfig.clone(),
         bin,
+        built_in,
         ready_after,
         gang_member,
     })
@@ -188,31 +219,9 @@ where
     crate::tools::wait_for(what, WAIT, check).await
 }
 
-fn pod_ready(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
 /// Waits until the deployed operator and node agent pods are Ready.
 async fn wait_deployed(client: &Client) -> Result<()> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "runtimekit-system");
-    wait("the operator and node agent pods to be Ready", || async {
-        let ready: Vec<String> = pods
-            .list(&ListParams::default())
-            .await?
-            .items
-            .iter()
-            .filter(|p| pod_ready(p))
-            .map(ResourceExt::name_any)
-            .collect();
-        let both = ["runtimekit-operator-", "runtimekit-node-agent-"]
-            .iter()
-            .all(|prefix| ready.iter().any(|n| n.starts_with(prefix)));
-        Ok(both.then_some(()))
-    })
-    .await
+    crate::cluster::deploy::wait_kit_running(client, None, WAIT).await
 }
 
 /// Waits until every node's agent reported its cards and the group is Ready.
@@ -279,11 +288,23 @@ fn apply(cluster: &Cluster, examples: &[&Example]) -> Result<()> {
                 String::from_utf8_lossy(&output.stderr)
             );
         }
+        let selected: Vec<String> = example
+            .node_selector
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
         print!(
             "  {:<28} {}",
             example.file,
             String::from_utf8_lossy(&output.stdout)
         );
+        if !selected.is_empty() {
+            println!(
+                "  {:<28} (with the nodeSelector {} the guide advises for a vendor's cards)",
+                "",
+                selected.join(",")
+            );
+        }
     }
     Ok(())
 }
@@ -364,7 +385,7 @@ impl Demo {
     pub fn closing(&self) -> String {
         let gang = self.gang_member.as_deref().unwrap_or("POD");
         format!(
-            "\nThe demo cluster is ready ({:.0} s until every example was placed) and keeps running.\n\
+            "\nThe demo cluster is ready ({:.0} s from its start until every example was placed, after {:.0} s of building) and keeps running.\n\
              Use it from this shell:\n\
              \n  export KUBECONFIG={kubeconfig}\n  export PATH={bin}:$PATH\n\
              \nThree commands worth trying next:\n\
@@ -373,6 +394,7 @@ impl Demo {
              \n  kubectl gpu fit -f contract/tests/seeds/3.3-mig.yaml   # where a MIG pod would land now, without creating it\n\
              \nStop it with: ./just down\n",
             self.ready_after.as_secs_f64(),
+            self.built_in.as_secs_f64(),
             kubeconfig = self.kubeconfig.display(),
             bin = self.bin.display(),
         )

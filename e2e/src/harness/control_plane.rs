@@ -120,10 +120,43 @@ impl TestContext {
         })
     }
 
-    /// Deploys the operator and the node agent from `config/` on the real node
-    /// ([`Cluster::deploy_config`]).
-    pub fn deploy_config(&self, node: &RealNode) -> Result<()> {
-        tokio::task::block_in_place(|| self.with_cluster(|cluster| cluster.deploy_config(node)))
+    /// Installs the kit's chart on the real node, or upgrades it with `settings`
+    /// ([`Cluster::deploy_chart`]).
+    pub fn deploy_chart(&self, node: &RealNode, settings: &[&str]) -> Result<()> {
+        tokio::task::block_in_place(|| {
+            self.with_cluster(|cluster| cluster.deploy_chart(node, settings))
+        })
+    }
+
+    /// Installs or upgrades to `chart` with the images of `version`
+    /// ([`Cluster::install_chart`]).
+    pub fn install_chart(
+        &self,
+        node: &RealNode,
+        chart: &std::path::Path,
+        version: &str,
+        settings: &[&str],
+    ) -> Result<()> {
+        tokio::task::block_in_place(|| {
+            self.with_cluster(|cluster| cluster.install_chart(node, chart, version, settings))
+        })
+    }
+
+    /// Starts kwok nodes with simulated cards, each with its node agent process
+    /// ([`Cluster::start_simulated_nodes`]).
+    pub fn start_simulated_nodes(
+        &self,
+        nodes: &[crate::cluster::simulated::SimulatedNode],
+    ) -> Result<()> {
+        tokio::task::block_in_place(|| {
+            let handle = tokio::runtime::Handle::current();
+            self.with_cluster(|cluster| handle.block_on(cluster.start_simulated_nodes(nodes)))
+        })
+    }
+
+    /// `helm` for the cluster ([`Cluster::helm`]).
+    pub fn helm(&self) -> Result<std::process::Command> {
+        self.with_cluster(|cluster| cluster.helm())
     }
 
     /// A client that authenticates as `user` in `groups` with a client certificate.

@@ -12,12 +12,14 @@ mod gangs;
 mod guides;
 mod health;
 mod node_agent;
+mod node_installer;
 mod nvml_node;
 mod operator;
 mod plugin;
 mod real_node;
 mod real_node_dra;
 mod real_node_isolation;
+mod real_node_upgrade;
 mod switches;
 mod trust;
 
@@ -37,6 +39,7 @@ fn tests() -> Vec<Test> {
         faults::TESTS,
         health::TESTS,
         node_agent::TESTS,
+        node_installer::TESTS,
         nvml_node::TESTS,
         exporter::TESTS,
         switches::TESTS,
@@ -47,6 +50,8 @@ fn tests() -> Vec<Test> {
         real_node_isolation::TESTS,
         real_node_dra::TESTS,
         real_node::TESTS,
+        // After the chart's own test: it installs the previous release on the bare node.
+        real_node_upgrade::TESTS,
     ]
     .concat()
 }

@@ -820,7 +820,7 @@ async fn stale_agent_cards_are_withheld(ctx: TestContext) -> Result<()> {
             )
             .await?;
         ensure!(
-            message == "0/1 nodes are available: 1 node(s) had no node agent reporting.",
+            message == "0/1 nodes are available: 1 node(s) had no node agent offering cards.",
             "{message}"
         );
         let groups = ctx.cluster_api::<TopologyGroup>();

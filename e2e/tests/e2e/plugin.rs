@@ -88,6 +88,12 @@ async fn kubectl_gpu_tells_nodes_pods_and_why(ctx: TestContext) -> Result<()> {
                 .then_some(text))
         })
         .await?;
+    // The widest tier has no parent: its cell is empty, not the placeholder of a stored null.
+    let widest = ctx.kubectl_ok(&["get", "topologygroup", "networkpod-np-9"], None)?;
+    ensure!(
+        widest.contains("NetworkPod") && !widest.contains("<no value>"),
+        "{widest}"
+    );
     let ours: Vec<&str> = nodes.lines().filter(|l| l.starts_with(&node)).collect();
     ensure!(ours.len() == 8, "eight cards of {node}:\n{nodes}");
     ensure!(

@@ -14,6 +14,7 @@ use kube::ResourceExt;
 use kube::api::{DeleteParams, PostParams};
 use runtimekit_contract::allocation::Allocation;
 use runtimekit_crds::{GpuSlice, TopologyGroup};
+use runtimekit_e2e::cluster::deploy::{RELEASE, RELEASE_NAMESPACE};
 use runtimekit_e2e::harness::Test;
 use runtimekit_e2e::real_node::{ENABLE_LABEL, METRICS_PORT, RealNode};
 use runtimekit_e2e::{TestContext, tests};
@@ -32,8 +33,9 @@ pub const TESTS: &[Test] = tests![
     real_node_runs_the_product_images,
     // It swaps the node's cards for PPU M890P ones.
     real_node_ppu_m890p_four_cards_with_rdma,
-    // Last: it replaces the node's resource layer and agent processes with config/'s pods.
-    real_node_runs_config_as_a_user_deploys_it,
+    // Last but the upgrade: it replaces the node's resource layer and agent processes with the
+    // chart's pods.
+    real_node_runs_the_kit_installed_with_its_chart,
 ];
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -149,7 +151,12 @@ pub(crate) const SHOW: &str = "echo \"DEV $(cd /dev && ls -d nvidia[0-9]* 2>/dev
 
 /// A usage-guide example as a pod that runs `script` on the real node: the image placeholder
 /// replaced by the locally built busybox, and nothing else of the example changed.
-fn example(seed: &str, name: &str, node: &str, script: &str) -> Result<serde_json::Value> {
+pub(crate) fn example(
+    seed: &str,
+    name: &str,
+    node: &str,
+    script: &str,
+) -> Result<serde_json::Value> {
     let path = runtimekit_e2e::tools::repo_root()
         .join("contract/tests/seeds")
         .join(seed);
@@ -205,19 +212,56 @@ impl Seen {
     }
 }
 
-/// Creates `pod`, waits until it succeeded and returns it with what its container showed.
-pub(crate) async fn run(ctx: &TestContext, pod: serde_json::Value) -> Result<(Pod, Seen)> {
-    let name = pod["metadata"]["name"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
+/// Creates `pod` in the test's namespace; returns its name.
+async fn create(ctx: &TestContext, pod: serde_json::Value) -> Result<String> {
     let object: Pod = serde_json::from_value(pod)?;
-    ctx.api::<Pod>()
+    let created = ctx
+        .api::<Pod>()
         .create(&PostParams::default(), &object)
         .await?;
+    Ok(created.name_any())
+}
+
+/// Creates `pod`, waits until it succeeded and returns it with what its container showed.
+pub(crate) async fn run(ctx: &TestContext, pod: serde_json::Value) -> Result<(Pod, Seen)> {
+    let name = create(ctx, pod).await?;
     let done = wait_phase(ctx, &name, "Succeeded").await?;
     let log = ctx.kubectl_ok(&["logs", &name], None)?;
     Ok((done, Seen::read(&log)))
+}
+
+/// Creates `pod` (a long-running one), waits until it runs and has printed its report, and
+/// returns it with its log.
+pub(crate) async fn start(ctx: &TestContext, pod: serde_json::Value) -> Result<(Pod, String)> {
+    let name = create(ctx, pod).await?;
+    let running = wait_phase(ctx, &name, "Running").await?;
+    let log = ctx
+        .wait_for(&format!("{name}'s report"), WAIT, || async {
+            let log = ctx.kubectl_ok(&["logs", &name], None)?;
+            Ok(log.contains("RUNTIMEKIT_").then_some(log))
+        })
+        .await?;
+    Ok((running, log))
+}
+
+/// Takes away what the installer run on the host put on the node, once no pod runs under
+/// lj-runtime any more: the node as it was before the kit.
+pub(crate) async fn bare_node(ctx: &TestContext, node: &RealNode) -> Result<()> {
+    ctx.wait_for(
+        "the node without the kit",
+        Duration::from_secs(180),
+        || async {
+            let output = node.installer_command("uninstall")?.output()?;
+            Ok(output.status.success().then_some(()))
+        },
+    )
+    .await
+}
+
+/// The PID of the process serving containerd's `socket` (another after a restart).
+pub(crate) fn containerd_pid(socket: &std::path::Path) -> Result<i32> {
+    runtimekit_node_agent::install::restart::socket_owner(std::path::Path::new("/proc"), socket)
+        .map_err(anyhow::Error::msg)
 }
 
 /// The allocation the scheduler gave a pod, from its annotation.
@@ -638,50 +682,54 @@ async fn real_node_runs_the_product_images(ctx: TestContext) -> Result<()> {
     Ok(())
 }
 
-/// config/ deployed with `kubectl apply -k` of the local overlay, as a user deploys it: the
-/// operator Deployment and the node-agent DaemonSet run as pods on the real node (from the
-/// images built here), the agent in its pod serves the kubelet every resource, and the usage
-/// guide's TDM pod is placed by the deployed operator and sees its allocation.
-async fn real_node_runs_config_as_a_user_deploys_it(ctx: TestContext) -> Result<()> {
+/// The kit installed with `helm install`, as a user installs it: the operator Deployment and the
+/// node-agent DaemonSet run as pods on the real node (from the images built here), the
+/// DaemonSet's installer sets the bare node up, the agent in its pod serves the kubelet every
+/// resource, and the usage guide's TDM pod is placed by the installed operator and sees its
+/// allocation. A replaced agent pod restarts nothing; `helm uninstall` is refused while the pod
+/// runs; `helm upgrade` to MiB mode places a MiB share; `helm uninstall` then leaves the node as
+/// it was, and the CRDs.
+async fn real_node_runs_the_kit_installed_with_its_chart(ctx: TestContext) -> Result<()> {
     let node = ctx.real_node().await?;
-    ctx.deploy_config(&node)?;
+    // The node as it was before the kit: what the installer put on it run on the host is taken
+    // away (once the earlier tests' pods under lj-runtime have gone), and the DaemonSet's
+    // installer must set it up again.
+    bare_node(&ctx, &node).await?;
+    let lj_runtime = node.dir.join("bin/lj-runtime");
+    ensure!(!lj_runtime.exists(), "lj-runtime is left on the node");
+    let containerd = || containerd_pid(&node.containerd_socket);
+    let bare = containerd()?;
+    ctx.deploy_chart(&node, &[])?;
     let system = || kube::Api::<Pod>::namespaced(ctx.client.clone(), "runtimekit-system");
-    let ready = |pod: &Pod| {
-        pod.status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-    };
-    ctx.wait_for(
-        "the operator and node-agent pods to be Ready",
-        Duration::from_secs(120),
-        || async {
-            let pods = system().list(&Default::default()).await?.items;
-            let names: Vec<String> = pods
-                .iter()
-                .filter(|p| ready(p))
-                .map(|p| p.name_any())
-                .collect();
-            let both = names.iter().any(|n| n.starts_with("runtimekit-operator-"))
-                && names
-                    .iter()
-                    .any(|n| n.starts_with("runtimekit-node-agent-"));
-            Ok(both.then_some(()))
-        },
-    )
-    .await
-    .map_err(|e| {
-        let shown = ctx
-            .kubectl(&["describe", "pods", "-n", "runtimekit-system"], None)
-            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-            .unwrap_or_default();
-        e.context(shown)
-    })?;
+    let ready = runtimekit_e2e::cluster::deploy::pod_ready;
+    runtimekit_e2e::cluster::deploy::wait_kit_running(&ctx.client, None, Duration::from_secs(120))
+        .await
+        .map_err(|e| {
+            let shown = ctx
+                .kubectl(&["describe", "pods", "-n", "runtimekit-system"], None)
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                .unwrap_or_default();
+            e.context(shown)
+        })?;
     ctx.wait_for("the deployed agent's device plugins", WAIT, || async {
         Ok(allocatable_cards(&node).await.ok().filter(|n| *n > 0))
     })
     .await?;
     shows_every_resource(&ctx, &node.name)?;
+    ensure!(
+        lj_runtime.exists(),
+        "the DaemonSet's installer put no lj-runtime on the node"
+    );
+    let installed = containerd()?;
+    ensure!(
+        installed != bare,
+        "containerd was not restarted to read the handler"
+    );
+    let condition = runtime_ready(&ctx, &node.name).await?;
+    ensure!(
+        condition.0 == "True" && condition.1 == "Installed",
+        "RuntimeReady: {condition:?}"
+    );
     // The deployed operator runs as the non-root user of its manifest.
     let operator = std::fs::read_dir("/proc")?
         .filter_map(Result::ok)
@@ -701,19 +749,9 @@ async fn real_node_runs_config_as_a_user_deploys_it(ctx: TestContext) -> Result<
         "3.2-tdm.yaml",
         "deployed-tdm",
         &node.name,
-        &format!("{SHOW}; sleep 120"),
+        &format!("{SHOW}; sleep 600"),
     )?;
-    let object: Pod = serde_json::from_value(pod)?;
-    ctx.api::<Pod>()
-        .create(&PostParams::default(), &object)
-        .await?;
-    let running = wait_phase(&ctx, "deployed-tdm", "Running").await?;
-    let log = ctx
-        .wait_for("the TDM pod's report", WAIT, || async {
-            let log = ctx.kubectl_ok(&["logs", "deployed-tdm"], None)?;
-            Ok(log.contains("RUNTIMEKIT_").then_some(log))
-        })
-        .await?;
+    let (running, log) = start(&ctx, pod).await?;
     exactly(&[], &running, &Seen::read(&log)).with_context(|| log.clone())?;
     // The deployed agent's exporter: the cards under DCGM's names, their health, and the TDM
     // pod's own series with its limits.
@@ -753,8 +791,242 @@ async fn real_node_runs_config_as_a_user_deploys_it(ctx: TestContext) -> Result<
             && series("DCGM_FI_CONTAINER_CORE_LIMIT") == Some(50.0),
         "the pod's limits as series:\n{scrape}"
     );
-    ctx.api::<Pod>()
-        .delete("deployed-tdm", &DeleteParams::default())
+    // The agent's pod replaced (as a rolling update does): the next installer finds the node set
+    // up and restarts nothing, and the running pod is left alone.
+    let agent_pod = system()
+        .list(&Default::default())
+        .await?
+        .items
+        .into_iter()
+        .find(|p| p.name_any().starts_with("runtimekit-node-agent-"))
+        .context("the agent's pod")?
+        .name_any();
+    system()
+        .delete(&agent_pod, &DeleteParams::default())
         .await?;
+    ctx.wait_for(
+        "the agent's next pod Ready",
+        Duration::from_secs(120),
+        || async {
+            let pods = system().list(&Default::default()).await?.items;
+            Ok(pods
+                .iter()
+                .any(|p| {
+                    p.name_any().starts_with("runtimekit-node-agent-")
+                        && p.name_any() != agent_pod
+                        && ready(p)
+                })
+                .then_some(()))
+        },
+    )
+    .await?;
+    ensure!(
+        containerd()? == installed,
+        "the replaced agent's installer restarted containerd"
+    );
+    ensure!(
+        lj_runtime.exists(),
+        "the replaced pod's installer took lj-runtime away"
+    );
+    let still = ctx.api::<Pod>().get("deployed-tdm").await?;
+    let restarts: i32 = still
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .map(|c| c.iter().map(|c| c.restart_count).sum())
+        .unwrap_or_default();
+    ensure!(
+        still.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running") && restarts == 0,
+        "the TDM pod did not run on: {:?}",
+        still.status
+    );
+    // helm uninstall is refused while the pod runs under lj-runtime, naming it; nothing goes.
+    let refused = helm_uninstall(&ctx)?;
+    ensure!(
+        !refused.0,
+        "helm uninstall went ahead under a running pod:\n{}",
+        refused.1
+    );
+    let named = format!("{}/deployed-tdm on {}", ctx.namespace, node.name);
+    ensure!(
+        refused
+            .1
+            .contains("refusing to uninstall the GPU runtime kit")
+            && refused.1.contains(&named),
+        "the refusal names the pod:\n{}",
+        refused.1
+    );
+    let agents = system().list(&Default::default()).await?.items;
+    ensure!(
+        agents
+            .iter()
+            .any(|p| p.name_any().starts_with("runtimekit-node-agent-") && ready(p))
+            && lj_runtime.exists(),
+        "the refused uninstall took something away"
+    );
+    // Helm marks the refused release as uninstalling: the rollback the refusal names makes it
+    // deployed again, changing nothing.
+    let mut rollback = ctx.helm()?;
+    rollback.args(["rollback", RELEASE, "1", "--namespace", RELEASE_NAMESPACE]);
+    runtimekit_e2e::tools::run(rollback)?;
+    delete_and_wait(&ctx, "deployed-tdm").await?;
+
+    // MiB mode by helm upgrade: the shared configuration changes, the operator's and agent's
+    // pods are replaced (they read it at start), and a share of 17 x 128 MiB is given exactly.
+    let before: Vec<String> = system()
+        .list(&Default::default())
+        .await?
+        .items
+        .iter()
+        .map(|p| p.name_any())
+        .collect();
+    ctx.deploy_chart(&node, &["config.memoryUnit=MiB"])?;
+    ctx.wait_for(
+        "the operator and node agent replaced for MiB mode",
+        Duration::from_secs(180),
+        || async {
+            let pods = system().list(&Default::default()).await?.items;
+            let fresh = |prefix: &str| {
+                pods.iter().any(|p| {
+                    p.name_any().starts_with(prefix) && !before.contains(&p.name_any()) && ready(p)
+                }) && !pods
+                    .iter()
+                    .any(|p| p.name_any().starts_with(prefix) && before.contains(&p.name_any()))
+            };
+            Ok((fresh("runtimekit-operator-") && fresh("runtimekit-node-agent-")).then_some(()))
+        },
+    )
+    .await?;
+    ensure!(
+        containerd()? == installed,
+        "the upgrade's installer restarted containerd"
+    );
+    // The kubelet keeps the GiB agent's gpu-memory device plugin for its stop grace period (five
+    // minutes), and refuses a pod asking for gpu-memory until it has dropped it: MiB mode counts
+    // gpu-memory as a node-level resource instead.
+    // (The kubelet's device-plugin folder is fixed, whatever its root.)
+    let checkpoint =
+        std::path::Path::new("/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint");
+    let switched = std::time::Instant::now();
+    ctx.wait_for(
+        "the kubelet to drop the GiB gpu-memory devices",
+        Duration::from_secs(400),
+        || async {
+            let text = std::fs::read_to_string(checkpoint)?;
+            let state: serde_json::Value = serde_json::from_str(&text)?;
+            Ok(state["Data"]["RegisteredDevices"]
+                .get("aliyun.com/gpu-memory")
+                .is_none()
+                .then_some(()))
+        },
+    )
+    .await?;
+    eprintln!(
+        "the kubelet dropped the GiB gpu-memory devices {:.0} s after the MiB upgrade",
+        switched.elapsed().as_secs_f64()
+    );
+    let mut pod = example(
+        "3.2-tdm.yaml",
+        "mib-tdm",
+        &node.name,
+        &format!("{SHOW}; sleep 600"),
+    )?;
+    pod["spec"]["containers"][0]["resources"]["limits"]["aliyun.com/gpu-memory"] = json!("2176");
+    let (running, log) = start(&ctx, pod).await?;
+    let seen = Seen::read(&log);
+    exactly(&[], &running, &seen).with_context(|| log.clone())?;
+    ensure!(
+        seen.var("RUNTIMEKIT_GPU_MEMORY_LIMIT_MIB") == Some("2176"),
+        "2176 MiB in MiB mode:\n{log}"
+    );
+    delete_and_wait(&ctx, "mib-tdm").await?;
+
+    // helm uninstall with nothing running: the node agents go first and their installers take
+    // the node's setup away (containerd restarted without the handler); the CRDs stay.
+    let uninstalled = helm_uninstall(&ctx)?;
+    ensure!(uninstalled.0, "helm uninstall failed:\n{}", uninstalled.1);
+    ensure!(
+        !lj_runtime.exists(),
+        "helm uninstall left lj-runtime on the node"
+    );
+    ensure!(
+        !node.dir.join("containerd/conf.d/lj-runtime.toml").exists(),
+        "helm uninstall left containerd's drop-in"
+    );
+    ensure!(
+        containerd()? != installed,
+        "containerd was not restarted without the handler"
+    );
+    // The release's objects are deleted; their pods go a moment later.
+    ctx.wait_for("the kit's pods gone", WAIT, || async {
+        Ok(system()
+            .list(&Default::default())
+            .await?
+            .items
+            .is_empty()
+            .then_some(()))
+    })
+    .await?;
+    let crds = kube::Api::<
+        k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+    >::all(ctx.client.clone());
+    ensure!(
+        crds.get_opt("gpuslices.runtimekit.aliyun.com")
+            .await?
+            .is_some(),
+        "helm uninstall deleted the CRDs"
+    );
     Ok(())
+}
+
+/// `helm uninstall` of the kit's release: whether it succeeded, and what it printed.
+pub(crate) fn helm_uninstall(ctx: &TestContext) -> Result<(bool, String)> {
+    let output = ctx
+        .helm()?
+        .args([
+            "uninstall",
+            RELEASE,
+            "--namespace",
+            RELEASE_NAMESPACE,
+            "--wait",
+        ])
+        .output()?;
+    Ok((
+        output.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        ),
+    ))
+}
+
+/// Deletes pod `name` and waits until it is gone.
+async fn delete_and_wait(ctx: &TestContext, name: &str) -> Result<()> {
+    ctx.api::<Pod>()
+        .delete(name, &DeleteParams::default())
+        .await?;
+    ctx.wait_for("the pod gone", WAIT, || async {
+        Ok(ctx
+            .api::<Pod>()
+            .get_opt(name)
+            .await?
+            .is_none()
+            .then_some(()))
+    })
+    .await
+}
+
+/// The status and reason of the node's RuntimeReady condition, once its agent reports one.
+async fn runtime_ready(ctx: &TestContext, node: &str) -> Result<(String, String)> {
+    ctx.wait_for("the RuntimeReady condition", WAIT, || async {
+        let group = ctx.cluster_api::<TopologyGroup>().get(node).await?;
+        Ok(group
+            .status
+            .iter()
+            .flat_map(|s| &s.conditions)
+            .find(|c| c.type_ == runtimekit_crds::CONDITION_RUNTIME_READY && c.status == "True")
+            .map(|c| (c.status.clone(), c.reason.clone())))
+    })
+    .await
 }
