@@ -533,6 +533,18 @@ impl Cluster {
 
     /// Recomputes a node's card usage, summary and index entries from what it holds.
     pub(crate) fn refresh(&mut self, id: NodeId) {
+        self.recount(id);
+        if self.nodes[id as usize].is_vacant() {
+            let name = self.nodes[id as usize].name.clone();
+            self.by_name.remove(&name);
+            self.nodes[id as usize] = NodeState::new(self.empty.clone());
+            self.free_nodes.push(id);
+        }
+    }
+
+    /// Recounts what a node's pods hold and updates its summary and index entries; the node
+    /// is kept even if nothing refers to it any more (a what-if puts its pods back).
+    pub(crate) fn recount(&mut self, id: NodeId) {
         let node = &mut self.nodes[id as usize];
         let (tdm_off, mig_off) = node.spec.as_ref().map_or((false, false), |s| {
             (s.tdm_off.is_some(), s.mig_off.is_some())
@@ -568,11 +580,6 @@ impl Cluster {
         self.indexes
             .update(id, &name, &self.entries[id as usize], &entries);
         self.entries[id as usize] = entries;
-        if self.nodes[id as usize].is_vacant() {
-            self.by_name.remove(&name);
-            self.nodes[id as usize] = NodeState::new(self.empty.clone());
-            self.free_nodes.push(id);
-        }
     }
 
     fn entries_for(&self, id: NodeId, s: &Summary) -> Entries {
@@ -674,6 +681,17 @@ impl Cluster {
         }
         self.nodes[id as usize].pods.insert(slot);
         self.refresh(id);
+    }
+
+    /// Holds the room a preemptor waits for while its victims terminate: `decision` (made with
+    /// the victims taken out) is applied without the check, as they still hold its cards, which
+    /// therefore count twice until they are gone, so nothing else is placed there meanwhile.
+    /// Released with [`Cluster::release`]; a node the engine does not know holds nothing.
+    pub fn nominate(&mut self, decision: &Decision) {
+        self.release(&decision.pod_uid);
+        if let Some(id) = self.node_id(&decision.node) {
+            self.apply(decision, id);
+        }
     }
 
     /// Applies a decision (kube-scheduler's "assume"): its cards and resources are held until

@@ -32,6 +32,9 @@
 //!   that holds them all, never across network pods; [`Cluster::reserve_gang`] holds the
 //!   capacity until [`Cluster::confirm_gang`] (all bound) or [`Cluster::release_gang`]
 //!   (rollback).
+//! - [`Cluster::preempt`] finds the lower-priority pods to evict so that a pod that fits
+//!   nowhere fits on one node (kube-scheduler's rules; a running gang goes whole or not at all),
+//!   and where it then goes; it changes nothing.
 //! - A failure is an [`Unschedulable`]: a reason per node, counted like kube-scheduler does
 //!   (`0/120 nodes are available: 80 node(s) had no card with 50% aliyun.com/gpu-core free,
 //!   40 node(s) had MIG not enabled on any card for aliyun.com/gpu-slice.`), each naming the
@@ -79,7 +82,8 @@
 //! `cluster` keeps the state (`state` per node, `index` the ordered indexes over it); `decide/`
 //! decides one pod (`prepare`, `predicates`, `lookup`, `score`, `explain`); `place` chooses cards
 //! on one node; `gang` places gangs; `reason` words failures; `convert` reads the API objects;
-//! `objects` builds the GpuSlices and allocation annotation a decision becomes.
+//! `objects` builds the GpuSlices and allocation annotation a decision becomes; `quota` counts
+//! what each namespace holds against its ResourceQuotas, replicas counted.
 
 mod cluster;
 mod convert;
@@ -91,7 +95,9 @@ mod mig_cache;
 mod model;
 pub mod objects;
 mod place;
+mod preempt;
 mod quantity;
+pub mod quota;
 mod reason;
 pub mod snapshot;
 mod state;
@@ -101,4 +107,5 @@ mod tests;
 pub use cluster::{CardView, Cluster, CommitError};
 pub use convert::{ConvertError, NodeDevices};
 pub use model::*;
+pub use preempt::{Candidate, Preemption};
 pub use reason::{CardProblem, GangShortfall, GroupCapacity, Reason, ReasonCount, Unschedulable};

@@ -49,6 +49,21 @@ impl Cluster {
         }
     }
 
+    /// What the pod would be given on node `id` as it is now, if it passes every predicate
+    /// there; for preemption's what-ifs.
+    pub(crate) fn place_on(&self, prep: &PreparedPod, id: NodeId) -> Option<Vec<Chosen>> {
+        let summary = &self.summaries[id as usize];
+        if !self.passes_predicates(prep, id, &mut |_| {})
+            || self.summary_rejection(prep, summary).is_some()
+        {
+            return None;
+        }
+        let (_, chosen) = self
+            .place_pod(prep, id, &self.nodes[id as usize].uses)
+            .ok()?;
+        Some(chosen)
+    }
+
     /// The reference decision: every node placed and scored, no index used.
     #[cfg(test)]
     pub(crate) fn decide_by_scan(&self, pod: &PodInput) -> Option<Decision> {
