@@ -189,6 +189,8 @@ pub struct Metrics {
     /// Pods the placement engine holds capacity for.
     pub holding_pods: Gauge,
     gangs: Family<PhaseLabels, Gauge>,
+    preemptions: Counter,
+    preemption_victims: Counter,
     ready: AtomicBool,
     ledger: LedgerSlot,
 }
@@ -258,6 +260,18 @@ impl Metrics {
                 })
                 .set(0);
         }
+        let preemptions = Counter::default();
+        operator.register(
+            "preemptions",
+            "Preemptions decided: pods of lower priority evicted to make room for a pod",
+            preemptions.clone(),
+        );
+        let preemption_victims = Counter::default();
+        operator.register(
+            "preemption_victims",
+            "Pods evicted by preemption",
+            preemption_victims.clone(),
+        );
         let ledger = LedgerSlot::default();
         operator.register_collector(Box::new(LedgerView(ledger.clone())));
         Metrics {
@@ -270,6 +284,8 @@ impl Metrics {
             queue_depth,
             holding_pods,
             gangs,
+            preemptions,
+            preemption_victims,
             ready: AtomicBool::new(false),
         }
     }
@@ -277,6 +293,13 @@ impl Metrics {
     /// Counts one scheduling attempt.
     pub fn attempt(&self, result: AttemptResult) {
         self.attempts.get_or_create(&ResultLabels { result }).inc();
+    }
+
+    /// Counts one preemption and its victims.
+    pub fn preemption(&self, victims: usize) {
+        self.preemptions.inc();
+        self.preemption_victims
+            .inc_by(u64::try_from(victims).unwrap_or(u64::MAX));
     }
 
     /// Sets how many gangs are in `phase`.

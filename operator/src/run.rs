@@ -10,7 +10,8 @@ use crate::watch::mirror;
 use crate::writes::report::Reports;
 use crate::{gangs, scheduler, slices, topology_sync};
 use anyhow::{Context, Result};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, Pod, ResourceQuota};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::Client;
 use kube::api::Api;
 use kube::runtime::watcher;
@@ -161,6 +162,8 @@ fn spawn_watchers(tasks: &mut JoinSet<Result<()>>, client: &Client, shared: &Arc
     spawn_watcher::<GpuSlice>(tasks, client, shared);
     spawn_watcher::<TopologyGroup>(tasks, client, shared);
     spawn_watcher::<GangGroup>(tasks, client, shared);
+    spawn_watcher::<ResourceQuota>(tasks, client, shared);
+    spawn_watcher::<PodDisruptionBudget>(tasks, client, shared);
 }
 
 /// Starts the watch that feeds the state with every `K` of the cluster.

@@ -7,7 +7,7 @@ use crate::metrics::AttemptResult;
 use crate::shared::Shared;
 use crate::state::{Binding, Outcome};
 use crate::writes::binding::{create_slice, post_binding};
-use crate::writes::{self, report::Reports};
+use crate::writes::{self, preemption, report::Reports};
 use futures::future::join_all;
 use kube::api::Api;
 use kube::{Client, Resource, ResourceExt};
@@ -66,6 +66,22 @@ pub async fn run(shared: Arc<Shared>, client: Client, reports: Reports) {
                     if changed {
                         report_pod(&shared, &reports, &uid, "Unschedulable", &message);
                     }
+                }
+                Outcome::Preempt {
+                    eviction,
+                    message,
+                    changed,
+                } => {
+                    shared.metrics.attempt(AttemptResult::Unschedulable);
+                    shared.metrics.preemption(eviction.victims.len());
+                    if changed {
+                        report_pod(&shared, &reports, &uid, "Unschedulable", &message);
+                    }
+                    let (client, reports) = (client.clone(), reports.clone());
+                    let scheduler = shared.lock().config.scheduler_name.clone();
+                    tokio::spawn(async move {
+                        preemption::evict(&client, &reports, &scheduler, &eviction).await;
+                    });
                 }
                 Outcome::Invalid {
                     message,

@@ -3,19 +3,22 @@
 
 use crate::metrics::Metrics;
 use crate::state::{Feed, State};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, Pod, ResourceQuota};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use runtimekit_crds::{GangGroup, GpuSlice, TopologyGroup};
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::watch;
 
 /// The kinds that must be listed before the operator acts.
-pub const WATCHED: [&str; 5] = [
+pub const WATCHED: [&str; 7] = [
     Pod::KIND,
     Node::KIND,
     GpuSlice::KIND,
     TopologyGroup::KIND,
     GangGroup::KIND,
+    ResourceQuota::KIND,
+    PodDisruptionBudget::KIND,
 ];
 
 /// State and signals shared by the watchers, the scheduler and the controllers.

@@ -68,7 +68,7 @@ impl State {
     /// single pod, whose next try may reuse its slices, a gang member stays pending until the
     /// whole gang is placed again, and at full capacity its slices would keep the gang out.
     pub(super) fn release_unbound(&mut self, uid: &str) {
-        self.in_flight.remove(uid);
+        self.end_flight(uid);
         if self.pods.get(uid).is_some_and(|p| p.node.is_some()) {
             // Bound all the same (an earlier try landed): what it records counts.
             self.settle_recorded(uid);

@@ -2,11 +2,12 @@
 //! reservation ends once their bindings are written: bound members keep their allocations, the
 //! others give theirs back.
 
-use super::{Feed, InFlight, Now, PodRecord, State, namespaced_key, split_key};
+use super::{Feed, Now, PodRecord, State, namespaced_key, split_key};
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use runtimekit_contract::ContractError;
 use runtimekit_crds::{GangGroup, GangPlacement, Tier};
+use runtimekit_placement::quota::QuotaExceeded;
 use runtimekit_placement::{self as placement, CommitError, ConvertError, Unschedulable};
 use std::sync::Arc;
 
@@ -52,6 +53,9 @@ pub enum GangError {
     /// The decision could not be reserved.
     #[error(transparent)]
     Reserve(#[from] CommitError),
+    /// The members together would take their namespace past a quota.
+    #[error(transparent)]
+    Quota(#[from] QuotaExceeded),
 }
 
 /// A gang's members as decided, ready to be written.
@@ -150,6 +154,8 @@ impl State {
             members.push(Arc::clone(&pending.pod));
             inputs.push(input);
         }
+        let uids: Vec<&str> = inputs.iter().map(|i| i.uid.as_str()).collect();
+        self.check_quota(namespace, &uids)?;
         let mut constraint = placement::GangConstraint::new(namespaced_key(namespace, name));
         constraint.highest_tier = highest_tier;
         let decision = self.engine.decide_gang(&inputs, &constraint)?;
@@ -159,7 +165,7 @@ impl State {
         for pod in members {
             let uid = pod.metadata.uid.clone().unwrap_or_default();
             if let Some(d) = decision.members.iter().find(|d| d.pod_uid == uid) {
-                self.in_flight.insert(uid, InFlight::Writing);
+                self.start_flight(&uid);
                 bound.push((pod, d.clone()));
             }
         }

@@ -3,7 +3,9 @@
 //!
 //! Each watched kind feeds the state through one small [`Feed`] impl that lives beside the part
 //! of the state it feeds: pods (`pods`), GpuSlices (`slices`), nodes (`nodes`), TopologyGroups
-//! (`groups`, with the health taint they call for in `health`) and GangGroups (`gangs`). The pending queue and its backoff are in `queue`, and the
+//! (`groups`, with the health taint they call for in `health`), GangGroups (`gangs`) and
+//! ResourceQuotas (`quotas`, what each namespace holds against them); PodDisruptionBudgets and
+//! the pods nominated to the room their victims leave are in `preemption`. The pending queue and its backoff are in `queue`, and the
 //! cards a bound pod holds through its allocation annotation are in `allocations`. Nothing here
 //! reads the clock: every method that needs the time is given it.
 
@@ -14,7 +16,9 @@ mod health;
 mod ledger;
 mod nodes;
 mod pods;
+mod preemption;
 mod queue;
+mod quotas;
 mod records;
 mod slices;
 
@@ -24,6 +28,7 @@ pub use groups::TopologyPlan;
 pub use health::TaintChange;
 pub use ledger::{GangLine, GroupLine, Ledger};
 pub use nodes::IMPLICIT_NETWORK_POD;
+pub use preemption::{Eviction, Victim};
 pub use queue::{Binding, Outcome};
 pub use records::{Life, Pending, PodRecord, Recorded, SliceRecord};
 
@@ -190,6 +195,12 @@ pub struct State {
     capacity_freed: bool,
     /// Retry bookkeeping of pods that did not fit, by UID.
     attempts: HashMap<String, queue::Attempts>,
+    /// What each namespace's pods hold against its quotas, replicas counted.
+    quotas: placement::quota::Quotas,
+    /// PodDisruptionBudgets, by (namespace, name).
+    budgets: BTreeMap<(String, String), preemption::Budget>,
+    /// Preemptors waiting for their victims to terminate, by UID.
+    nominations: HashMap<String, preemption::Nomination>,
 }
 
 impl State {
@@ -219,6 +230,9 @@ impl State {
             tree: Tree::default(),
             work: Work::default(),
             pending: BTreeSet::new(),
+            quotas: placement::quota::Quotas::default(),
+            budgets: BTreeMap::new(),
+            nominations: HashMap::new(),
         }
     }
 

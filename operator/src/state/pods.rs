@@ -46,6 +46,12 @@ impl State {
         let ours = spec.and_then(|s| s.scheduler_name.as_deref())
             == Some(self.config.scheduler_name.as_str());
         let request = ours.then(|| parse_pod(pod, &self.config));
+        let holding = if ended {
+            None
+        } else {
+            let parsed = request.as_ref().and_then(|r| r.as_ref().ok());
+            placement::quota::Holding::of(pod, parsed, &self.names).map(Arc::new)
+        };
         let gang = request
             .as_ref()
             .and_then(|r| r.as_ref().ok())
@@ -79,6 +85,8 @@ impl State {
         if pending.is_some() {
             self.pending.insert(queue_key);
         } else {
+            // Bound or ended: the room held for it, if it was nominated, is its own or free.
+            self.drop_nomination(&uid);
             self.pending.remove(&queue_key);
             // Bound (the binding landed) or ended: once its writes are done too, no decision
             // for it is in flight any more.
@@ -99,6 +107,10 @@ impl State {
             gang: gang.clone(),
             pending,
             recorded,
+            holding,
+            priority: spec.and_then(|s| s.priority).unwrap_or(0),
+            preempts: spec.and_then(|s| s.preemption_policy.as_deref()) != Some("Never"),
+            labels: Arc::new(pod.labels().clone()),
         };
         if let Some(old) = self
             .pods
@@ -122,6 +134,7 @@ impl State {
         if recorded.is_some() && recorded != old.and_then(|p| p.recorded) {
             self.settle_recorded(&uid);
         }
+        self.sync_holding(&uid);
     }
 
     /// Reads a bound pod's allocation annotation; one that cannot be read is logged and ignored
@@ -176,8 +189,10 @@ impl State {
             self.pending.remove(&(record.created, uid.to_owned()));
         }
         self.hold_only_written_slices(uid);
+        self.drop_nomination(uid);
         self.attempts.remove(uid);
         self.in_flight.remove(uid);
+        self.sync_holding(uid);
         self.remove_pod_usage(uid);
         self.release_slices_of(uid, bound);
     }

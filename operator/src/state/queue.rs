@@ -1,7 +1,8 @@
 //! The pending queue: pods in creation order, per-pod backoff, decisions, and the pods whose
 //! decision is being written.
 
-use super::{InFlight, PodRecord, RETRY_BACKOFF, SliceRecord, State, Unfinalize};
+use super::preemption::Preempted;
+use super::{Eviction, InFlight, PodRecord, RETRY_BACKOFF, SliceRecord, State, Unfinalize};
 use k8s_openapi::api::core::v1::Pod;
 use runtimekit_contract::Warning;
 use runtimekit_placement as placement;
@@ -27,6 +28,15 @@ pub enum Outcome {
         /// A stable reason.
         reason: &'static str,
         /// Whether it was not reported yet.
+        changed: bool,
+    },
+    /// It does not fit, and pods of lower priority are to be evicted for it.
+    Preempt {
+        /// The evictions to write.
+        eviction: Box<Eviction>,
+        /// The aggregated reason, with what preemption does about it.
+        message: String,
+        /// Whether it differs from the last report for this pod.
         changed: bool,
     },
     /// Nothing to do (gone, bound, in flight, or a gang member the gang controller places).
@@ -255,7 +265,7 @@ impl State {
             if let Some(decision) =
                 resumed_decision(&input, &leftovers).filter(|_| leftovers.len() == wanted as usize)
             {
-                self.in_flight.insert(uid.to_owned(), InFlight::Writing);
+                self.start_flight(uid);
                 let annotation = self.allocation_annotation();
                 return Outcome::Bind(Box::new(Binding {
                     pod: pending.pod,
@@ -274,10 +284,17 @@ impl State {
             }
             return Outcome::Skip;
         }
+        if let Err(exceeded) = self.check_quota(&record.namespace, &[uid]) {
+            let message = exceeded.to_string();
+            let changed = self.back_off(uid, now, &message);
+            return Outcome::Unschedulable { message, changed };
+        }
+        // The room held for it, if it waits for victims, is its own to decide with.
+        let nominated = self.lift_nomination(uid);
         match self.engine.decide(&input) {
             Ok(decision) => match self.engine.commit(&decision) {
                 Ok(()) => {
-                    self.in_flight.insert(uid.to_owned(), InFlight::Writing);
+                    self.start_flight(uid);
                     let annotation = self.allocation_annotation();
                     Outcome::Bind(Box::new(Binding {
                         pod: pending.pod,
@@ -293,9 +310,33 @@ impl State {
                 }
             },
             Err(unschedulable) => {
-                let message = unschedulable.to_string();
+                let mut message = unschedulable.to_string();
+                let eviction = match self.preempt(uid, &input, nominated) {
+                    Preempted::Waiting { node, left } => {
+                        message.push_str(&format!(
+                            " Preemption: waiting for {left} pod(s) of lower priority evicted from node {node} to terminate."
+                        ));
+                        None
+                    }
+                    Preempted::Evict(eviction) => {
+                        message.push_str(&format!(
+                            " Preemption: {} pod(s) of lower priority on node {} are being evicted for it.",
+                            eviction.victims.len(),
+                            eviction.node
+                        ));
+                        Some(eviction)
+                    }
+                    Preempted::Nothing | Preempted::Never => None,
+                };
                 let changed = self.back_off(uid, now, &message);
-                Outcome::Unschedulable { message, changed }
+                match eviction {
+                    Some(eviction) => Outcome::Preempt {
+                        eviction: Box::new(eviction),
+                        message,
+                        changed,
+                    },
+                    None => Outcome::Unschedulable { message, changed },
+                }
             }
         }
     }
@@ -306,15 +347,27 @@ impl State {
         self.attempts.remove(uid);
         if self.finished(uid) {
             // The pod ended or was deleted while its writes ran.
-            self.in_flight.remove(uid);
+            self.end_flight(uid);
             self.hold_only_written_slices(uid);
         } else if self.pods.get(uid).is_some_and(|p| p.pending.is_none()) {
-            self.in_flight.remove(uid);
+            self.end_flight(uid);
             // Slices whose writes failed are re-created from the allocation.
             self.settle_recorded(uid);
         } else if let Some(in_flight) = self.in_flight.get_mut(uid) {
             *in_flight = InFlight::Written;
         }
+    }
+
+    /// Puts `uid`'s decision in flight: from now on it holds its quota.
+    pub(super) fn start_flight(&mut self, uid: &str) {
+        self.in_flight.insert(uid.to_owned(), InFlight::Writing);
+        self.sync_holding(uid);
+    }
+
+    /// Ends `uid`'s flight: it holds its quota only if it is bound.
+    pub(super) fn end_flight(&mut self, uid: &str) {
+        self.in_flight.remove(uid);
+        self.sync_holding(uid);
     }
 
     /// Whether the writes of any decision are still running.
@@ -329,7 +382,7 @@ impl State {
 
     /// The binding of `uid` failed: its capacity returns and it retries after a backoff.
     pub fn bind_failed(&mut self, uid: &str, now: Instant, message: &str) -> bool {
-        self.in_flight.remove(uid);
+        self.end_flight(uid);
         if self.finished(uid) {
             self.hold_only_written_slices(uid);
             return false;

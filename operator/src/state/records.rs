@@ -74,6 +74,14 @@ pub struct PodRecord {
     /// For bound pods of our scheduler that have not ended: what their allocation annotation
     /// records.
     pub recorded: Option<Arc<Recorded>>,
+    /// What it holds of the card resources once placed, replicas counted (`None`: nothing).
+    pub holding: Option<Arc<placement::quota::Holding>>,
+    /// `spec.priority`, set by the apiserver from the pod's PriorityClass (0 without one).
+    pub priority: i32,
+    /// Whether it may evict others (`spec.preemptionPolicy` is not `Never`).
+    pub preempts: bool,
+    /// Its labels, for the PodDisruptionBudgets that select it.
+    pub labels: Arc<std::collections::BTreeMap<String, String>>,
 }
 
 /// What a bound pod's allocation annotation records. It is the truth about the pod's cards: a

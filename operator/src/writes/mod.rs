@@ -4,6 +4,7 @@
 
 pub mod binding;
 pub mod gangs;
+pub mod preemption;
 pub mod report;
 pub mod slices;
 pub mod taints;
