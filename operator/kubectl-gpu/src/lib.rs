@@ -10,6 +10,8 @@
 //!   switches), as `explain` says it;
 //! - [`fit`]: where a pod would land now and why, or why nowhere, without creating it
 //!   (`kubectl gpu fit -f POD.yaml`: the placement engine over the cluster as listed);
+//! - [`quota`]: each namespace's quotas on the card resources, every replica counted
+//!   (`kubectl gpu quota`);
 //! - [`table`]: kubectl-style tables;
 //! - [`usage`]: what each slice's container uses now, from a Prometheus scraping the exporters.
 //!
@@ -20,6 +22,7 @@ pub mod claims;
 pub mod explain;
 pub mod fit;
 pub mod layout;
+pub mod quota;
 pub mod slices;
 pub mod table;
 pub mod usage;

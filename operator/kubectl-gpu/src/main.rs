@@ -4,7 +4,7 @@
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
-use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, ResourceQuota};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::ListParams;
@@ -17,6 +17,7 @@ use runtimekit_kubectl_gpu::cards::{self, CardRow};
 use runtimekit_kubectl_gpu::claims::{self, ClaimEntry};
 use runtimekit_kubectl_gpu::explain::{Facts, explain};
 use runtimekit_kubectl_gpu::fit::{self, Fit};
+use runtimekit_kubectl_gpu::quota::{self, QuotaRow};
 use runtimekit_kubectl_gpu::slices::{self, SliceRow};
 use runtimekit_kubectl_gpu::table::{list, or_dash, render};
 use runtimekit_kubectl_gpu::usage;
@@ -70,6 +71,13 @@ enum Command {
         /// example through `kubectl port-forward`): each slice's use now is shown beside it.
         #[arg(long)]
         prometheus: Option<String>,
+    },
+    /// Each namespace's quotas on the card resources: what its pods hold, every replica
+    /// counted as the scheduler counts them, against the limit and the ResourceQuota's own count.
+    Quota {
+        /// Every namespace.
+        #[arg(short = 'A', long)]
+        all_namespaces: bool,
     },
     /// Why a pod is where it is, or why it is Pending, in plain words.
     Explain {
@@ -164,6 +172,43 @@ async fn run(cli: Cli) -> Result<String> {
                 pods_table
             };
             show(cli.output, &rows, table)
+        }
+        Command::Quota { all_namespaces } => {
+            let (quotas, pods): (Api<ResourceQuota>, Api<Pod>) = if all_namespaces {
+                (Api::all(client.clone()), Api::all(client.clone()))
+            } else {
+                (
+                    Api::namespaced(client.clone(), &namespace),
+                    Api::namespaced(client.clone(), &namespace),
+                )
+            };
+            let quotas = quotas
+                .list(&ListParams::default())
+                .await
+                .context("listing ResourceQuotas")?
+                .items;
+            let pods = pods
+                .list(&ListParams::default())
+                .await
+                .context("listing Pods")?
+                .items;
+            let config = RuntimeKitConfig {
+                resource_prefix: cli.resource_prefix.clone(),
+                scheduler_name: cli.scheduler_name.clone(),
+                ..RuntimeKitConfig::default()
+            };
+            let rows = quota::rows(&quotas, &pods, &config);
+            if rows.is_empty() && cli.output.is_none() {
+                let scope = if all_namespaces {
+                    "any namespace".to_owned()
+                } else {
+                    format!("namespace {namespace}")
+                };
+                return Ok(format!(
+                    "No ResourceQuota limits card resources in {scope}.\n"
+                ));
+            }
+            show(cli.output, &rows, quota_table)
         }
         Command::Explain { pod } => {
             let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
@@ -490,6 +535,33 @@ fn nodes_table(rows: &[CardRow], wide: bool) -> String {
         })
         .collect();
     render(&headers, &cells)
+}
+
+fn quota_table(rows: &[QuotaRow], _wide: bool) -> String {
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            vec![
+                r.namespace.clone(),
+                r.quota.clone(),
+                r.resource.clone(),
+                r.held.to_string(),
+                r.hard.to_string(),
+                or_dash(r.quota_counts),
+            ]
+        })
+        .collect();
+    render(
+        &[
+            "NAMESPACE",
+            "QUOTA",
+            "RESOURCE",
+            "HELD",
+            "HARD",
+            "QUOTA COUNTS",
+        ],
+        &cells,
+    )
 }
 
 /// [`pods_table`] with each slice's use now.
