@@ -5,10 +5,10 @@
 
 use crate::operator::{
     OPERATOR_USER, Operator, bound, finish, gpu_pod, h800_node, install_operator_access,
-    report_devices, reporting_node,
+    report_devices, reporting_node, unschedulable,
 };
 use anyhow::{Result, ensure};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Node;
 use runtimekit_contract::{HealthTaint, RuntimeKitConfig};
 use runtimekit_crds::{CardHealth, CardStatus};
 use runtimekit_e2e::harness::Test;
@@ -112,16 +112,7 @@ async fn the_health_taint_follows_card_faults(ctx: TestContext) -> Result<()> {
     tolerant["spec"]["tolerations"] = json!([{"key": KEY, "operator": "Exists"}]);
     ctx.kubectl_ok(&["create", "-f", "-"], Some(&tolerant.to_string()))?;
     bound(&ctx, "tolerant").await?;
-    let why = ctx
-        .wait_for("the refused pod to be reported", WAIT, || async {
-            let pod = ctx.api::<Pod>().get("refused").await?;
-            let conditions = pod.status.and_then(|s| s.conditions).unwrap_or_default();
-            Ok(conditions
-                .into_iter()
-                .find(|c| c.type_ == "PodScheduled" && c.status == "False")
-                .and_then(|c| c.message))
-        })
-        .await?;
+    let why = unschedulable(&ctx, "refused").await?;
     ensure!(
         why.contains(&format!("untolerated taint {{{KEY}: gpu3_gpu5}}")),
         "{why}"

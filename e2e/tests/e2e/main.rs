@@ -16,6 +16,8 @@ mod node_installer;
 mod nvml_node;
 mod operator;
 mod plugin;
+mod preemption;
+mod quotas;
 mod real_node;
 mod real_node_dra;
 mod real_node_isolation;
@@ -34,6 +36,8 @@ fn tests() -> Vec<Test> {
         control_plane::TESTS,
         operator::TESTS,
         gangs::TESTS,
+        quotas::TESTS,
+        preemption::TESTS,
         trust::TESTS,
         contract_policy::TESTS,
         faults::TESTS,

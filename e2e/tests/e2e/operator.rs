@@ -465,6 +465,42 @@ pub(crate) async fn event(ctx: &TestContext, selector: &str, text: &str) -> Resu
     .await
 }
 
+/// The message of the pod's `PodScheduled=False` condition, once it has one.
+pub(crate) async fn unschedulable(ctx: &TestContext, name: &str) -> Result<String> {
+    ctx.wait_for(
+        &format!("pod {name} reported unschedulable"),
+        Duration::from_secs(30),
+        || async {
+            let pod = ctx.api::<Pod>().get(name).await?;
+            let conditions = pod.status.and_then(|s| s.conditions).unwrap_or_default();
+            Ok(conditions
+                .into_iter()
+                .find(|c| c.type_ == "PodScheduled" && c.status == "False")
+                .and_then(|c| c.message))
+        },
+    )
+    .await
+}
+
+/// Plays the node agents' part for the test's namespace while it lives: every released slice's
+/// finalizer is removed, so the cards of a deleted pod come free as they do on a real node.
+pub(crate) struct AgentTeardown(tokio::task::JoinHandle<()>);
+
+impl AgentTeardown {
+    pub(crate) fn start(ctx: &TestContext) -> AgentTeardown {
+        AgentTeardown(tokio::spawn(runtimekit_e2e::load::tear_down_as_released(
+            ctx.client.clone(),
+            ctx.namespace.clone(),
+        )))
+    }
+}
+
+impl Drop for AgentTeardown {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// The GpuSlices in the test's namespace.
 pub(crate) async fn slices(ctx: &TestContext) -> Result<Vec<GpuSlice>> {
     Ok(ctx

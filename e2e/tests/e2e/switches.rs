@@ -3,9 +3,10 @@
 //! never touches what already runs, and comes back when switched on again.
 
 use crate::node_agent::AgentNode;
-use crate::operator::{Operator, bound, create_pod, event, finish, gpu_node, gpu_pod, h800_node};
+use crate::operator::{
+    Operator, bound, create_pod, event, finish, gpu_node, gpu_pod, h800_node, unschedulable,
+};
 use anyhow::{Result, ensure};
-use k8s_openapi::api::core::v1::Pod;
 use kube::api::ListParams;
 use runtimekit_contract::RuntimeKitConfig;
 use runtimekit_crds::GangGroup;
@@ -35,23 +36,6 @@ fn status_is(response: &str, code: u16) -> bool {
         .lines()
         .next()
         .is_some_and(|line| line.split_whitespace().nth(1) == Some(&code.to_string()))
-}
-
-/// The message of the pod's `PodScheduled=False` condition, once it has one.
-async fn unschedulable(ctx: &TestContext, name: &str) -> Result<String> {
-    ctx.wait_for(
-        &format!("pod {name} reported unschedulable"),
-        WAIT,
-        || async {
-            let pod = ctx.api::<Pod>().get(name).await?;
-            let conditions = pod.status.and_then(|s| s.conditions).unwrap_or_default();
-            Ok(conditions
-                .into_iter()
-                .find(|c| c.type_ == "PodScheduled" && c.status == "False")
-                .and_then(|c| c.message))
-        },
-    )
-    .await
 }
 
 async fn node_labels_switch_tdm_and_mig_off_and_on_again(ctx: TestContext) -> Result<()> {
