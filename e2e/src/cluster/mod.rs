@@ -260,8 +260,7 @@ impl Cluster {
             format!("--kubeconfig={kubeconfig}"),
             // The Job controller for JobSets; the Deployment, ReplicaSet and DaemonSet
             // controllers and the kube-root-ca.crt publisher for the kit deployed from config/.
-            // The ResourceClaim controller makes pods' claims from their templates (DRA). The
-            // ResourceQuota and disruption controllers count quotas and budgets (tenancy).
+            // The ResourceClaim controller makes pods' claims (DRA); quotas and budgets are counted.
             "--controllers=resourcequota-controller,disruption-controller,job-controller,garbage-collector-controller,namespace-controller,pod-garbage-collector-controller,ttl-after-finished-controller,clusterrole-aggregation-controller,deployment-controller,replicaset-controller,daemonset-controller,root-ca-certificate-publisher-controller,resourceclaim-controller".into(),
             feature_gates.clone(),
             format!("--root-ca-file={ca}"),
