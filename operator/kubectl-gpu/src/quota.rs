@@ -6,6 +6,7 @@ use runtimekit_contract::quantity::parse_whole;
 use runtimekit_contract::{RuntimeKitConfig, parse_pod};
 use runtimekit_placement::quota::{Holding, Quota, Quotas};
 use serde::Serialize;
+use std::sync::Arc;
 
 /// One quota's limit on one resource and what the namespace holds of it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -42,7 +43,7 @@ pub fn rows(quotas: &[ResourceQuota], pods: &[Pod], config: &RuntimeKitConfig) -
             ledger.hold(
                 pod.metadata.uid.as_deref().unwrap_or_default(),
                 pod.metadata.namespace.as_deref().unwrap_or_default(),
-                holding,
+                Arc::new(holding),
             );
         }
     }

@@ -12,6 +12,7 @@ use runtimekit_contract::config::NVIDIA_GPU;
 use runtimekit_contract::quantity::parse_whole;
 use runtimekit_contract::{CardRequest, PodRequest, ResourceNames};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 /// The prefix a ResourceQuota's hard limits on extended resources carry (the only form the
 /// apiserver accepts for them).
@@ -215,10 +216,8 @@ impl Quota {
             .iter()
             .flatten()
             .filter_map(|(key, value)| {
-                let name = key.strip_prefix(REQUESTS)?;
-                counted
-                    .contains(&name)
-                    .then(|| Some((name.to_owned(), parse_whole(&value.0).ok()?)))?
+                let name = key.strip_prefix(REQUESTS).filter(|n| counted.contains(n))?;
+                Some((name.to_owned(), parse_whole(&value.0).ok()?))
             })
             .collect();
         if hard.is_empty() {
@@ -294,13 +293,23 @@ struct Entry {
 #[derive(Debug, Default, Clone)]
 pub struct Quotas {
     quotas: BTreeMap<String, BTreeMap<String, Entry>>,
-    holdings: HashMap<String, (String, Holding)>,
+    holdings: HashMap<String, (String, Arc<Holding>)>,
     by_namespace: BTreeMap<String, BTreeSet<String>>,
 }
 
 impl Quotas {
     /// Adds or replaces a namespace's quota; what it counts is summed from the holdings.
-    pub fn upsert_quota(&mut self, namespace: &str, quota: Quota) {
+    /// Returns whether its limits or scopes changed: the quota controller rewrites a quota's
+    /// status on every pod change in its namespace, and those writes change nothing here.
+    pub fn upsert_quota(&mut self, namespace: &str, quota: Quota) -> bool {
+        if self
+            .quotas
+            .get(namespace)
+            .and_then(|entries| entries.get(&quota.name))
+            .is_some_and(|entry| entry.quota == quota)
+        {
+            return false;
+        }
         let mut used = BTreeMap::new();
         for uid in self.by_namespace.get(namespace).into_iter().flatten() {
             if let Some((_, holding)) = self.holdings.get(uid) {
@@ -312,16 +321,19 @@ impl Quotas {
             .entry(namespace.to_owned())
             .or_default()
             .insert(name, Entry { quota, used });
+        true
     }
 
-    /// Forgets a quota.
-    pub fn remove_quota(&mut self, namespace: &str, name: &str) {
-        if let Some(entries) = self.quotas.get_mut(namespace) {
-            entries.remove(name);
-            if entries.is_empty() {
-                self.quotas.remove(namespace);
-            }
+    /// Forgets a quota; returns whether it was known.
+    pub fn remove_quota(&mut self, namespace: &str, name: &str) -> bool {
+        let Some(entries) = self.quotas.get_mut(namespace) else {
+            return false;
+        };
+        let removed = entries.remove(name).is_some();
+        if entries.is_empty() {
+            self.quotas.remove(namespace);
         }
+        removed
     }
 
     /// Every quota's key, as (namespace, name).
@@ -332,8 +344,9 @@ impl Quotas {
             .collect()
     }
 
-    /// Records what pod `uid` of `namespace` holds, replacing what it held before.
-    pub fn hold(&mut self, uid: &str, namespace: &str, holding: Holding) {
+    /// Records what pod `uid` of `namespace` holds, replacing what it held before (shared with
+    /// the caller's record of the pod, so recording an unchanged pod again copies nothing).
+    pub fn hold(&mut self, uid: &str, namespace: &str, holding: Arc<Holding>) {
         if self
             .holdings
             .get(uid)

@@ -6,6 +6,7 @@ use super::{Feed, Now, State, namespaced_key, split_key};
 use k8s_openapi::api::core::v1::ResourceQuota;
 use kube::ResourceExt;
 use runtimekit_placement::quota::{Holding, Quota, QuotaExceeded};
+use std::sync::Arc;
 
 impl Feed for ResourceQuota {
     const KIND: &'static str = "ResourceQuota";
@@ -14,17 +15,16 @@ impl Feed for ResourceQuota {
     }
     fn apply(&self, state: &mut State, _now: Now) {
         let namespace = self.namespace().unwrap_or_default();
-        match Quota::from_resource_quota(self, &state.names) {
+        let changed = match Quota::from_resource_quota(self, &state.names) {
             Some(quota) => state.quotas.upsert_quota(&namespace, quota),
             None => state.quotas.remove_quota(&namespace, &self.name_any()),
-        }
+        };
         // A raised or removed limit may let waiting pods in.
-        state.capacity_freed = true;
+        state.capacity_freed |= changed;
     }
     fn remove(key: &str, state: &mut State, _now: Now) {
         let (namespace, name) = split_key(key);
-        state.quotas.remove_quota(namespace, name);
-        state.capacity_freed = true;
+        state.capacity_freed |= state.quotas.remove_quota(namespace, name);
     }
     fn known(state: &State) -> Vec<String> {
         state
@@ -44,7 +44,7 @@ impl State {
             let holding = pod.holding.as_ref()?;
             let held =
                 self.in_flight.contains_key(uid) || (pod.node.is_some() && !pod.life.ended());
-            held.then(|| (pod.namespace.clone(), Holding::clone(holding)))
+            held.then(|| (pod.namespace.clone(), Arc::clone(holding)))
         });
         match holds {
             Some((namespace, holding)) => self.quotas.hold(uid, &namespace, holding),

@@ -2,6 +2,7 @@ use super::*;
 use proptest::prelude::*;
 use runtimekit_contract::{RuntimeKitConfig, parse_pod};
 use serde_json::{Value, json};
+use std::sync::Arc;
 
 fn names() -> ResourceNames {
     RuntimeKitConfig::default().names()
@@ -77,9 +78,9 @@ fn the_third_half_card_of_a_one_card_quota_is_refused() {
         json!({}),
     ));
     quotas.check("team-a", [&half]).expect("first fits");
-    quotas.hold("a", "team-a", half.clone());
+    quotas.hold("a", "team-a", Arc::new(half.clone()));
     quotas.check("team-a", [&half]).expect("second fits");
-    quotas.hold("b", "team-a", half.clone());
+    quotas.hold("b", "team-a", Arc::new(half.clone()));
     let refused = quotas.check("team-a", [&half]).expect_err("third is over");
     assert_eq!(
         refused.to_string(),
@@ -104,7 +105,7 @@ fn a_replica_pod_counts_every_card_against_the_quota() {
         json!({"aliyun.com/gpu-core": "50"}),
         json!({}),
     ));
-    quotas.hold("a", "team-a", two);
+    quotas.hold("a", "team-a", Arc::new(two));
     let half = held(&pod(
         json!({}),
         json!({"aliyun.com/gpu-core": "50"}),
@@ -120,7 +121,7 @@ fn a_replica_pod_counts_every_card_against_the_quota() {
         "team-a",
         quota(json!({"requests.aliyun.com/gpu-core": "100"}), json!({})),
     );
-    gang.hold("a", "team-a", half.clone());
+    gang.hold("a", "team-a", Arc::new(half.clone()));
     assert!(gang.check("team-a", [&half, &half]).is_err());
     gang.check("team-a", [&half]).expect("one more fits");
 }
@@ -129,7 +130,7 @@ fn a_replica_pod_counts_every_card_against_the_quota() {
 fn a_quota_added_later_counts_what_is_held_already() {
     let mut quotas = Quotas::default();
     let whole = held(&pod(json!({}), json!({"nvidia.com/gpu": "2"}), json!({})));
-    quotas.hold("a", "team-a", whole.clone());
+    quotas.hold("a", "team-a", Arc::new(whole.clone()));
     quotas.upsert_quota(
         "team-a",
         quota(json!({"requests.nvidia.com/gpu": "3"}), json!({})),
@@ -238,7 +239,7 @@ proptest! {
         for (pod, core) in ops {
             let uid = format!("u{pod}");
             match core {
-                Some(core) => { quotas.hold(&uid, "ns", share(core)); model.insert(pod, core); }
+                Some(core) => { quotas.hold(&uid, "ns", Arc::new(share(core))); model.insert(pod, core); }
                 None => { quotas.release(&uid); model.remove(&pod); }
             }
         }
@@ -246,8 +247,13 @@ proptest! {
         prop_assert_eq!(quotas.usage()[0].held, sum);
         let fits = quotas.check("ns", [&share(adding)]).is_ok();
         prop_assert_eq!(fits, sum + adding <= hard);
-        // Re-reading the quota (a watch re-list) recomputes the same use.
-        quotas.upsert_quota("ns", quota(json!({"requests.aliyun.com/gpu-core": hard.to_string()}), json!({})));
+        // Re-reading the same quota (a status write, a watch re-list) changes nothing.
+        let same = quota(json!({"requests.aliyun.com/gpu-core": hard.to_string()}), json!({}));
+        prop_assert!(!quotas.upsert_quota("ns", same), "an unchanged quota reads as changed");
+        prop_assert_eq!(quotas.usage()[0].held, sum);
+        // A changed limit recomputes the use from what is held.
+        let raised = quota(json!({"requests.aliyun.com/gpu-core": (hard + 1).to_string()}), json!({}));
+        prop_assert!(quotas.upsert_quota("ns", raised), "a raised limit reads as unchanged");
         prop_assert_eq!(quotas.usage()[0].held, sum);
     }
 }
