@@ -104,10 +104,8 @@ pub(super) enum Preempted {
     Waiting { node: String, left: usize },
     /// Victims were chosen now.
     Evict(Eviction),
-    /// No eviction makes it fit.
+    /// No eviction makes it fit, or it does not preempt (`preemptionPolicy: Never`).
     Nothing,
-    /// It does not preempt (`preemptionPolicy: Never`).
-    Never,
 }
 
 impl State {
@@ -158,7 +156,7 @@ impl State {
             }
         }
         if !preempts {
-            return Preempted::Never;
+            return Preempted::Nothing;
         }
         let Some(pod) = record.pending.as_ref().map(|p| Arc::clone(&p.pod)) else {
             return Preempted::Nothing;

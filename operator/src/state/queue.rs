@@ -326,7 +326,7 @@ impl State {
                         ));
                         Some(eviction)
                     }
-                    Preempted::Nothing | Preempted::Never => None,
+                    Preempted::Nothing => None,
                 };
                 let changed = self.back_off(uid, now, &message);
                 match eviction {

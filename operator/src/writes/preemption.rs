@@ -7,10 +7,9 @@
 //! alone.
 
 use crate::state::{Eviction, Victim};
-use crate::writes::report::Reports;
+use crate::writes::report::{Condition, Reports};
 use futures::future::join_all;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
-use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::{Client, ResourceExt};
 use serde_json::json;
@@ -65,23 +64,21 @@ async fn evict_one(
     eviction: &Eviction,
     victim: &Victim,
 ) -> Result<(), kube::Error> {
-    let api: Api<Pod> = Api::namespaced(client.clone(), &victim.namespace);
-    let condition = json!({
-        "metadata": {"uid": victim.uid},
-        "status": {"conditions": [{
-            "type": DISRUPTION_TARGET,
-            "status": "True",
-            "reason": PREEMPTION_BY_SCHEDULER,
-            "message": format!("{scheduler}: preempting to accommodate a higher priority pod"),
-            "lastTransitionTime": Timestamp::now().to_string(),
-        }]}
-    });
-    api.patch_status(
-        &victim.name,
-        &PatchParams::default(),
-        &Patch::Strategic(&condition),
-    )
-    .await?;
+    let message = format!("{scheduler}: preempting to accommodate a higher priority pod");
+    let condition = Condition {
+        type_: DISRUPTION_TARGET,
+        status: "True",
+        reason: PREEMPTION_BY_SCHEDULER,
+        message: &message,
+    };
+    reports
+        .set_condition(
+            &victim.namespace,
+            &victim.name,
+            Some(&victim.uid),
+            &condition,
+        )
+        .await?;
     let preemptor = &eviction.preemptor;
     let reference = ObjectReference {
         api_version: Some("v1".into()),
@@ -107,5 +104,8 @@ async fn evict_one(
         }),
         ..DeleteParams::default()
     };
-    api.delete(&victim.name, &params).await.map(drop)
+    Api::<Pod>::namespaced(client.clone(), &victim.namespace)
+        .delete(&victim.name, &params)
+        .await
+        .map(drop)
 }

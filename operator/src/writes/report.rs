@@ -37,6 +37,19 @@ impl std::fmt::Debug for Reports {
     }
 }
 
+/// A pod condition to set.
+#[derive(Debug, Clone, Copy)]
+pub struct Condition<'a> {
+    /// Its type, for example `PodScheduled`.
+    pub type_: &'a str,
+    /// `True` or `False`.
+    pub status: &'a str,
+    /// A stable reason.
+    pub reason: &'a str,
+    /// What happened.
+    pub message: &'a str,
+}
+
 /// The pod condition a slice failure sets: the pod's cards could not all be enacted.
 pub const SLICES_READY: &str = "GpuSlicesReady";
 
@@ -177,12 +190,31 @@ impl Reports {
         reason: &str,
         message: &str,
     ) {
+        let condition = Condition {
+            type_,
+            status: "False",
+            reason,
+            message,
+        };
+        if let Err(error) = self.set_condition(namespace, name, uid, &condition).await {
+            tracing::debug!(%error, pod = name, condition = type_, "could not set a pod condition");
+        }
+    }
+
+    /// Sets a pod condition; with `uid`, only on the pod of that UID.
+    pub async fn set_condition(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: Option<&str>,
+        condition: &Condition<'_>,
+    ) -> Result<(), kube::Error> {
         let mut patch = serde_json::json!({
             "status": {"conditions": [{
-                "type": type_,
-                "status": "False",
-                "reason": reason,
-                "message": cut(message),
+                "type": condition.type_,
+                "status": condition.status,
+                "reason": condition.reason,
+                "message": cut(condition.message),
                 "lastTransitionTime": Timestamp::now().to_string(),
             }]}
         });
@@ -191,12 +223,9 @@ impl Reports {
             patch["metadata"] = serde_json::json!({ "uid": uid });
         }
         let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
-        if let Err(error) = api
-            .patch_status(name, &PatchParams::default(), &Patch::Strategic(&patch))
+        api.patch_status(name, &PatchParams::default(), &Patch::Strategic(&patch))
             .await
-        {
-            tracing::debug!(%error, pod = name, condition = type_, "could not set a pod condition");
-        }
+            .map(drop)
     }
 }
 
