@@ -12,7 +12,7 @@ use std::process::Command;
 pub const PREVIOUS_VERSION: &str = "0.1.0";
 
 /// The commit of the previous release on main.
-pub const PREVIOUS_COMMIT: &str = "9e95fd2b5feb7c9eabe2f349f1a4096267857307";
+pub const PREVIOUS_COMMIT: &str = "fb7b0bd30661c8f7527be57fa09c6fde44f02336";
 
 /// The previous release, ready to install.
 #[derive(Debug)]
