@@ -50,6 +50,17 @@ pub fn previous_release() -> Result<PreviousRelease> {
     }
     std::os::unix::fs::symlink(repo_root().join("target"), &target)?;
     let images = build_images_of(&tree, &["operator", "node-agent"])?;
+    // The binaries in its images are its own: the operator says its version.
+    let operator = target.join("x86_64-unknown-linux-gnu/release/runtimekit-operator");
+    let said = Command::new(&operator)
+        .arg("--version")
+        .output()
+        .with_context(|| format!("running {}", operator.display()))?;
+    let said = String::from_utf8_lossy(&said.stdout);
+    ensure!(
+        said.contains(PREVIOUS_VERSION),
+        "the previous release's operator says {said:?}, not version {PREVIOUS_VERSION}"
+    );
     for (reference, _) in &images {
         ensure!(
             reference.ends_with(&format!(":{PREVIOUS_VERSION}")),

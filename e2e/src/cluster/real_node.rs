@@ -618,6 +618,8 @@ pub fn build_images_of(root: &Path, names: &[&str]) -> Result<Vec<(String, PathB
     }
     let script = root.join("e2e/scripts/build-images.sh");
     let mut command = Command::new(&script);
+    // In its own tree: the script's cargo builds the workspace it is run in.
+    command.current_dir(root);
     crate::workspace_binary::plain_cargo_env(&mut command);
     // Its progress goes to the terminal; its output is the list, one line per name in order.
     command.args(names).stderr(std::process::Stdio::inherit());
